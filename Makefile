@@ -1,0 +1,26 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv and install the package
+# (which compiles the C++ kernel) when the sources of the install changed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): setup.py ms_swiglu/csrc/swiglu.cc ms_swiglu/csrc/swiglu_impl.inc
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(STAMP)
+	$(PY) -m ms_swiglu.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: $(STAMP)
+	$(PY) -m ms_swiglu.tools.bench_swiglu
+
+clean:
+	rm -rf $(VENV) build *.egg-info ms_swiglu/_swiglu_cpu*.so

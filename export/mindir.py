@@ -1,0 +1,30 @@
+"""Reading a MindIR back: the operator types it holds, without loading it into MindSpore."""
+import re
+
+from mindspore.train import mind_ir_pb2
+
+_REF = re.compile(r"^(?:REF::)?(?P<name>[^:]+)(?::\d+)?$")
+
+
+def op_types(path):
+    """Sorted operator types of every node in a MindIR (main graph and sub-graphs), e.g. ``['MatMul', 'Swiglu']``.
+
+    MindIR names primitive nodes ``REF::<Type>:<n>``; graph-level ``Constant`` nodes are not operators and
+    are left out.
+    """
+    model = mind_ir_pb2.ModelProto()
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:  # protobuf raises its own DecodeError
+        raise ValueError(f"{path}: expected a MindIR protobuf, got undecodable data ({exc})") from None
+    graphs = [model.graph, *model.functions]
+    found = set()
+    for graph in graphs:
+        for node in graph.node:
+            m = _REF.match(node.op_type)
+            name = m.group("name") if m else node.op_type
+            if name != "Constant":
+                found.add(name)
+    return sorted(found)

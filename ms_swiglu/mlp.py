@@ -1,0 +1,117 @@
+"""The SwiGLU MLP of LLaMA/Qwen, packed (one gate/up GEMM) and unpacked (the three-Dense baseline).
+
+Shape legend: T = tokens (any leading dims), H = hidden_size, I = intermediate_size.
+"""
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+from mindspore.common import dtype as mstype
+
+from ms_swiglu.activation import SwiGLU, resolve_backend
+from ms_swiglu.config import to_dtype
+from ms_swiglu.packing import pack_state_dict, unpack_state_dict
+
+
+def cpu_upcast(dtype, backend="auto"):
+    """Whether float16/bfloat16 GEMMs run in float32: on the CPU, which has no bfloat16 MatMul and whose
+    float16 MatMul is ~10x slower than float32. Never for Ascend, nor for a graph built for Ascend."""
+    return (to_dtype(dtype) != mstype.float32 and ms.get_context("device_target") == "CPU"
+            and resolve_backend(backend) != "ascend")
+
+
+class Dense(nn.Dense):
+    """``nn.Dense`` without bias; with ``upcast``, low-precision weights are multiplied in float32.
+
+    Shapes:
+        x: [T, d_in]    weight: [d_out, d_in]    out: [T, d_out]
+    """
+
+    def __init__(self, d_in, d_out, dtype, upcast):
+        super().__init__(d_in, d_out, has_bias=False, dtype=dtype)
+        self.upcast = upcast
+
+    def construct(self, x):
+        dtype, w = x.dtype, self.weight
+        if self.upcast:
+            x, w = x.astype(mstype.float32), w.astype(mstype.float32)
+        shape = ops.shape(x)
+        y = self.matmul(x.reshape(-1, shape[-1]), w)  # [T, d_in] x [d_out, d_in]^T -> [T, d_out]
+        return y.reshape(shape[:-1] + (ops.shape(y)[-1],)).astype(dtype)
+
+
+class PackedSwiGLUMLP(nn.Cell):
+    """``down(SwiGLU(gate_up(x)))`` with ``gate_up_proj`` one Dense of output ``2I``, rows ``[gate; up]``.
+
+    Shapes:
+        x:                   [T, H]
+        gate_up_proj.weight: [2I, H]
+        down_proj.weight:    [H, I]
+        out:                 [T, H]
+    """
+
+    def __init__(self, hidden_size, intermediate_size, *, dtype=ms.float32, backend="auto"):
+        super().__init__()
+        dtype = to_dtype(dtype)
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        upcast = cpu_upcast(dtype, backend)
+        self.gate_up_proj = Dense(hidden_size, 2 * intermediate_size, dtype, upcast)
+        self.act = SwiGLU(backend)
+        self.down_proj = Dense(intermediate_size, hidden_size, dtype, upcast)
+
+    def construct(self, x):
+        return self.down_proj(self.act(self.gate_up_proj(x)))  # [T, H] -> [T, 2I] -> [T, I] -> [T, H]
+
+
+class SwiGLUMLP(nn.Cell):
+    """The unpacked baseline (the seed article's MLP): ``down(silu(gate(x)) * up(x))``, two GEMMs in.
+
+    Shapes:
+        x:                [T, H]
+        gate_proj.weight: [I, H]
+        up_proj.weight:   [I, H]
+        down_proj.weight: [H, I]
+        out:              [T, H]
+    """
+
+    def __init__(self, hidden_size, intermediate_size, *, dtype=ms.float32):
+        super().__init__()
+        dtype = to_dtype(dtype)
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        upcast = cpu_upcast(dtype)
+        self.gate_proj = Dense(hidden_size, intermediate_size, dtype, upcast)
+        self.up_proj = Dense(hidden_size, intermediate_size, dtype, upcast)
+        self.down_proj = Dense(intermediate_size, hidden_size, dtype, upcast)
+
+    def construct(self, x):
+        gate, up = self.gate_proj(x), self.up_proj(x)  # [T, H] -> 2 x [T, I]
+        f32 = mstype.float32  # SiLU and the product in float32, rounded once, as in every SwiGLU backend
+        return self.down_proj((ops.silu(gate.astype(f32)) * up.astype(f32)).astype(gate.dtype))  # -> [T, H]
+
+
+def _weights(cell):
+    return {name: p.asnumpy() for name, p in cell.parameters_and_names()}
+
+
+def _load(cell, state):
+    params = dict(cell.parameters_and_names())
+    if set(params) != set(state):
+        raise ValueError(f"expected weights {sorted(params)}, got {sorted(state)}")
+    for name, w in state.items():
+        if params[name].shape != w.shape:
+            raise ValueError(f"{name}: expected shape {params[name].shape}, got {w.shape}")
+        params[name].set_data(ms.Tensor(np.ascontiguousarray(w), dtype=params[name].dtype))
+    return cell
+
+
+def to_packed(mlp, *, backend="auto"):
+    """A :class:`PackedSwiGLUMLP` with the weights of a :class:`SwiGLUMLP` (``gate, up -> gate_up``)."""
+    dtype = mlp.down_proj.weight.dtype
+    packed = PackedSwiGLUMLP(mlp.hidden_size, mlp.intermediate_size, dtype=dtype, backend=backend)
+    return _load(packed, pack_state_dict(_weights(mlp)))
+
+
+def to_unpacked(packed):
+    """The :class:`SwiGLUMLP` with the weights of a :class:`PackedSwiGLUMLP` (``gate_up -> gate, up``)."""
+    dtype = packed.down_proj.weight.dtype
+    mlp = SwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=dtype)
+    return _load(mlp, unpack_state_dict(_weights(packed)))

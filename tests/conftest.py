@@ -1,0 +1,61 @@
+"""Shared test set-up: the CPU device, both execution modes, the float64 reference and the tolerances."""
+import mindspore as ms
+import numpy as np
+import pytest
+
+ms.set_device("CPU")
+
+# DEVELOPERS.md tolerance table: dtype -> (atol, rtol)
+TOL = {"float32": (1e-5, 1.3e-6), "float16": (1e-3, 1e-3), "bfloat16": (1e-3, 1.6e-2)}
+MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
+DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+@pytest.fixture(params=list(MODES))
+def mode(request):
+    """Runs the test once in GRAPH_MODE and once in PYNATIVE_MODE."""
+    ms.set_context(mode=MODES[request.param])
+    yield request.param
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_dir(tmp_path_factory):
+    """AKG and the graph compiler write kernel_meta/ and logs into the working directory: keep them out of the tree."""
+    mp = pytest.MonkeyPatch()
+    mp.chdir(tmp_path_factory.mktemp("work"))
+    yield
+    mp.undo()
+
+
+def to_tensor(a, dtype):
+    """A float32 NumPy array as a Tensor of dtype (a name), plus the float64 copy of the rounded values."""
+    t = ms.Tensor(np.asarray(a, np.float32)).astype(DTYPES[dtype])
+    return t, to_f64(t)
+
+
+def to_f64(t):
+    return t.astype(ms.float32).asnumpy().astype(np.float64)
+
+
+def ref_swiglu(x):
+    """float64 reference of the forward: [..., 2I] -> [..., I]."""
+    gate, up = np.split(x, 2, axis=-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return gate / (1.0 + np.exp(-gate)) * up
+
+
+def ref_swiglu_grad(x, dy):
+    """float64 reference of the backward: [..., 2I], [..., I] -> [..., 2I] = [d_gate, d_up]."""
+    gate, up = np.split(x, 2, axis=-1)
+    s = 1.0 / (1.0 + np.exp(-gate))
+    silu = gate * s
+    return np.concatenate([dy * up * (s + silu * (1.0 - s)), dy * silu], axis=-1)
+
+
+def assert_close(actual, expected, dtype, what=""):
+    """actual (Tensor or array) against the float64 reference within the dtype's tolerance; NaN must match NaN."""
+    atol, rtol = TOL[dtype]
+    a = to_f64(actual) if isinstance(actual, ms.Tensor) else np.asarray(actual, np.float64)
+    assert a.shape == expected.shape, f"{what}: shape {a.shape} != expected {expected.shape}"
+    np.testing.assert_allclose(a, expected, atol=atol, rtol=rtol, equal_nan=True, err_msg=what)

@@ -7,7 +7,8 @@ is reported as min / median over the rounds, as GB/s of bytes read + written, an
     cpu / ceiling        fraction of the copy bandwidth measured in this run for the same number of bytes
 
 Variants:
-    kernel      the .so called directly through ctypes (no framework overhead)
+    kernel      the .so called directly through ctypes (no framework overhead), into one reused output
+    kernel+new  the same into a freshly allocated output each call, as a graph output is (page faults)
     cpu         SwiGLU("cpu") in a GRAPH_MODE Cell
     composite   SwiGLU("composite") in a GRAPH_MODE Cell
     copy        NumPy copy of as many bytes as the op moves, in 1 and in 2 threads; the best is the ceiling
@@ -42,11 +43,13 @@ def _ctypes_call(x, y, dtype):
     shapes = (ctypes.POINTER(ctypes.c_int64) * 2)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64)) for s in shp])
     dtypes = (ctypes.c_char_p * 2)(dtype.encode(), dtype.encode())
 
+    keep = (x, y, shp)  # the kernel gets raw pointers: these must outlive every call
+
     def call():
         if fn(2, params, ndims, shapes, dtypes, None, None) != 0:
             raise RuntimeError("SwigluFwd failed")
 
-    return call, shp
+    return call, keep
 
 
 def _copy(nbytes, threads):
@@ -82,9 +85,15 @@ def bench_shape(rows, width, dtype, rounds):
     x_np = x32 if dtype == "float32" else (x32.view(np.uint32) >> 16).astype(np.uint16)
     y_np = np.empty((rows, inter), np_dtype)
     kernel, _keep = _ctypes_call(x_np, y_np, dtype)
+
+    def kernel_new():
+        call, _keep = _ctypes_call(x_np, np.empty_like(y_np), dtype)
+        call()
+
     cells = {"cpu": SwiGLU("cpu"), "composite": SwiGLU("composite")}
     variants = {
         "kernel": kernel,
+        "kernel+new": kernel_new,
         "cpu": lambda: cells["cpu"](xt),  # CPU graphs run synchronously: the call returns when done
         "composite": lambda: cells["composite"](xt),
         "copy x1": _copy(moved, 1),
@@ -122,7 +131,7 @@ def main(argv=None):
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     print(f"kernel ISA {isa()}, {os.cpu_count()} cores, {args.rounds} interleaved rounds; GB/s = bytes read+written")
-    head = f"{'shape':>14} {'dtype':>8} | {'kernel':>13} {'cpu':>13} {'composite':>13} {'ceiling':>7} |" \
+    head = f"{'shape':>14} {'dtype':>8} | {'kernel':>13} {'kernel+new':>13} {'cpu':>13} {'composite':>13} {'ceiling':>7} |" \
            f" {'cpu/comp':>13} {'cpu/ceil':>8} {'kern/ceil':>9}"
     print(head + "\n" + "-" * len(head))
     results = []
@@ -135,7 +144,7 @@ def main(argv=None):
             def cell(k):
                 return f"{v[k]['gbps_best']:5.1f}/{v[k]['gbps_median']:5.1f}"
 
-            print(f"{str((rows, width)):>14} {dtype:>8} | {cell('kernel'):>13} {cell('cpu'):>13} "
+            print(f"{str((rows, width)):>14} {dtype:>8} | {cell('kernel'):>13} {cell('kernel+new'):>13} {cell('cpu'):>13} "
                   f"{cell('composite'):>13} {r['ceiling_gbps']:7.1f} | "
                   f"{r['cpu_over_composite_min']:5.2f}x/{r['cpu_over_composite_median']:5.2f}x "
                   f"{r['cpu_fraction_of_ceiling']:8.0%} {r['kernel_fraction_of_ceiling']:9.0%}", flush=True)

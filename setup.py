@@ -26,4 +26,5 @@ setup(
         "decorator",  # AKG (graph-kernel fusion and hybrid kernels on the CPU) imports it
     ],
     extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    entry_points={"console_scripts": ["ms-swiglu = ms_swiglu.cli:main"]},
 )

@@ -8,6 +8,7 @@ from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
 from ms_swiglu.activation import SwiGLU, resolve_backend
+from ms_swiglu.checkpoint import load_dense_layer, read_config
 from ms_swiglu.config import to_dtype
 from ms_swiglu.packing import pack_state_dict, unpack_state_dict
 
@@ -115,3 +116,14 @@ def to_unpacked(packed):
     dtype = packed.down_proj.weight.dtype
     mlp = SwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=dtype)
     return _load(mlp, unpack_state_dict(_weights(packed)))
+
+
+def load_mlp(folder, layer, *, dtype=None, backend="auto"):
+    """The :class:`PackedSwiGLUMLP` of one layer of a HuggingFace checkpoint folder, packed at load.
+
+    ``dtype``: the compute dtype; ``None`` keeps the checkpoint's.
+    """
+    config = read_config(folder)
+    weights, ckpt_dtype = load_dense_layer(folder, layer, config)
+    mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype or ckpt_dtype, backend=backend)
+    return _load(mlp, {"gate_up_proj.weight": weights["gate_up"], "down_proj.weight": weights["down"]})

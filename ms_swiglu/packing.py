@@ -1,8 +1,10 @@
-"""Packing of the gate and up projections into one ``gate_up`` weight, rows ``[gate; up]``.
+"""Packing of the gate and up projections into one ``gate_up`` weight, rows ``[gate; up]``, and its
+tensor-parallel sharding: rank r of p holds ``[gate_r; up_r]`` and the columns ``down[:, r]``.
 
-Shapes:
-    gate, up: [I, H]
-    gate_up:  [2I, H]
+Shapes (p = tp_size):
+    gate, up:       [I, H]
+    gate_up:        [2I, H]       shard: [2I/p, H] = [gate_r; up_r]
+    down:           [H, I]        shard: [H, I/p]
 """
 import numpy as np
 
@@ -26,10 +28,7 @@ def pack_gate_up(gate, up):
 def unpack_gate_up(gate_up):
     """``[2I, H] -> ([I, H], [I, H])``, the inverse of :func:`pack_gate_up`."""
     _check_2d("gate_up", gate_up)
-    rows = np.shape(gate_up)[0]
-    if rows % 2:
-        raise ValueError(f"unpack_gate_up: expected an even number of rows (2I), got {rows}")
-    return gate_up[: rows // 2], gate_up[rows // 2:]
+    return unpack_gate_up_nd(gate_up)
 
 
 def pack_state_dict(state):
@@ -64,3 +63,59 @@ def unpack_state_dict(state):
         else:
             out[name] = w
     return out
+
+
+def _check_tp(inter, tp_size, rank=0):
+    if not isinstance(tp_size, int) or tp_size < 1 or inter % tp_size:
+        raise ValueError(f"tp_size: expected a positive divisor of intermediate_size {inter}, got {tp_size}")
+    if not isinstance(rank, int) or not 0 <= rank < tp_size:
+        raise ValueError(f"rank: expected 0..{tp_size - 1}, got {rank}")
+
+
+def shard_packed(gate_up, tp_size, rank):
+    """Rank ``rank``'s ``[gate_r; up_r]`` of a packed ``[2I, H]`` weight (``[..., 2I, H]`` for experts).
+
+    Each logical part is split into ``tp_size`` row blocks and the rank's blocks are re-concatenated; the
+    block of part i starts at ``sum(sizes[:i]) + rank * sizes[i] // tp_size``. A plain split of the packed
+    matrix would give rank 0 all of gate.
+    """
+    inter = np.shape(gate_up)[-2] // 2
+    _check_tp(inter, tp_size, rank)
+    sizes, block = (inter, inter), inter // tp_size
+    starts = [sum(sizes[:i]) + rank * block for i in range(len(sizes))]
+    return np.concatenate([gate_up[..., s:s + block, :] for s in starts], axis=-2)
+
+
+def unshard_packed(shards):
+    """The full ``[2I, H]`` from the ranks' ``[gate_r; up_r]`` blocks, in rank order."""
+    halves = [unpack_gate_up_nd(s) for s in shards]
+    return np.concatenate([np.concatenate([h[0] for h in halves], axis=-2),
+                           np.concatenate([h[1] for h in halves], axis=-2)], axis=-2)
+
+
+def unpack_gate_up_nd(gate_up):
+    """``[..., 2I, H] -> ([..., I, H], [..., I, H])``."""
+    rows = np.shape(gate_up)[-2]
+    if rows % 2:
+        raise ValueError(f"unpack_gate_up: expected an even number of rows (2I), got {rows}")
+    return gate_up[..., : rows // 2, :], gate_up[..., rows // 2:, :]
+
+
+def shard_down(down, tp_size, rank):
+    """Rank ``rank``'s columns ``[H, I/p]`` of ``down [H, I]`` (``[..., H, I]`` for experts)."""
+    inter = np.shape(down)[-1]
+    _check_tp(inter, tp_size, rank)
+    block = inter // tp_size
+    return down[..., rank * block:(rank + 1) * block]
+
+
+def unshard_down(shards):
+    """The full ``[H, I]`` from the ranks' column blocks, in rank order."""
+    return np.concatenate(list(shards), axis=-1)
+
+
+def reshard(gate_up_shards, down_shards, tp_size):
+    """Shards for ``tp_size`` from shards of any other tp size, through the unsharded layout (exact)."""
+    gate_up, down = unshard_packed(gate_up_shards), unshard_down(down_shards)
+    return ([shard_packed(gate_up, tp_size, r) for r in range(tp_size)],
+            [shard_down(down, tp_size, r) for r in range(tp_size)])

@@ -1,0 +1,219 @@
+"""``ms-swiglu``: run one MLP layer of a HuggingFace checkpoint, or convert checkpoints to packed weights.
+
+Bad input exits with status 2 and one line on stderr naming what was expected and what was found. Every
+output is written to a temporary file and renamed into place; an existing file is kept unless --force.
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ms_swiglu.checkpoint import CheckpointError, load_dense_layer, load_moe_layer, read_config, write_safetensors
+from ms_swiglu.packing import shard_down, shard_packed
+
+BACKEND_CHOICES = ("auto", "ascend", "cpu", "akg", "composite")
+DTYPE_CHOICES = ("float32", "float16", "bfloat16")
+
+
+class UsageError(ValueError):
+    """Bad input: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _output_path(path, force):
+    """Check before any work that `path` can be written; returns it absolute."""
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise UsageError(f"output: expected an existing folder for {path}, found none at {folder}")
+    try:  # a real write: access() says yes to root even where nothing can be written
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise UsageError(f"output: expected a writable folder, got {folder} ({exc.strerror})") from None
+    if os.path.exists(path) and not force:
+        raise UsageError(f"output: expected a new file, got existing {path} (use --force to replace it)")
+    return path
+
+
+def _save_npy(path, array):
+    tmp = f"{path}.tmp{os.getpid()}.npy"
+    try:
+        np.save(tmp, array)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _read_input(path, hidden):
+    try:
+        x = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UsageError(f"input: expected a .npy file, found none at {path}") from None
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"input: expected a .npy array, got unreadable {path} ({exc})") from None
+    if not np.issubdtype(x.dtype, np.floating):
+        raise UsageError(f"input: expected a float array, got dtype {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] != hidden:
+        raise UsageError(f"input: expected shape [..., {hidden}] (hidden_size), got {list(x.shape)}")
+    return x.astype(np.float32)
+
+
+def _layers(spec, config):
+    try:
+        first, _, last = spec.partition("-")
+        layers = range(int(first), int(last or first) + 1)
+    except ValueError:
+        raise UsageError(f"--layers: expected A-B or N, got {spec!r}") from None
+    for layer in (layers.start, layers.stop - 1):
+        config.check_layer(layer)
+    if not layers:
+        raise UsageError(f"--layers: expected A <= B, got {spec!r}")
+    return layers
+
+
+def _check_tp(tp_size, config):
+    if tp_size < 1 or config.intermediate_size % tp_size:
+        raise UsageError(f"--tp-size: expected a positive divisor of intermediate_size "
+                         f"{config.intermediate_size}, got {tp_size}")
+
+
+def cmd_run(args):
+    config = read_config(args.checkpoint)
+    config.check_layer(args.layer)
+    if config.is_moe:
+        raise UsageError(f"run: expected a dense model ({', '.join(('llama', 'mistral', 'qwen2', 'qwen3'))}), "
+                         f"got model_type {config.model_type!r}; running Mixtral MoE layers is not built yet")
+    x = _read_input(args.input, config.hidden_size) if args.input else None
+    out = _output_path(args.output, args.force) if args.output else None
+    weights, ckpt_dtype = load_dense_layer(args.checkpoint, args.layer, config)
+    dtype = args.dtype or ckpt_dtype
+    if x is None:
+        x = np.random.default_rng(args.seed).standard_normal((args.tokens, config.hidden_size)).astype(np.float32)
+
+    import mindspore as ms  # noqa: PLC0415 -- after the input checks: importing MindSpore takes seconds
+
+    from ms_swiglu.mlp import PackedSwiGLUMLP, _load  # noqa: PLC0415
+
+    device = ms.get_context("device_target")  # the installed MindSpore's default: Ascend or CPU
+    ms.set_device(device)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype, backend=args.backend)
+    _load(mlp, {"gate_up_proj.weight": weights["gate_up"], "down_proj.weight": weights["down"]})
+    del weights
+    mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=mlp.down_proj.weight.dtype))
+    xt = ms.Tensor(x).astype(mlp.down_proj.weight.dtype)
+    y = mlp(xt)  # compiles
+    times = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        y = mlp(xt)
+        times.append((time.perf_counter() - t0) * 1e3)
+    y = y.astype(ms.float32).asnumpy()
+    print(f"device {device}, backend {mlp.act.backend}, dtype {dtype}, layer {args.layer} of {config.model_type}, "
+          f"input {list(x.shape)} -> output {list(y.shape)}, latency {statistics.median(times):.3f} ms "
+          f"(median of {args.repeat}, min {min(times):.3f})")
+    if out:
+        _save_npy(out, y)
+        print(f"wrote {out}")
+    return 0
+
+
+def _rank_paths(path, tp_size):
+    if tp_size == 1:
+        return [path]
+    stem, ext = os.path.splitext(path)
+    return [f"{stem}-tp{r}-of-{tp_size}{ext or '.safetensors'}" for r in range(tp_size)]
+
+
+def _progress(done, total, width=30):
+    filled = width * done // total
+    sys.stderr.write(f"\rconvert [{'#' * filled}{'.' * (width - filled)}] {done}/{total} layers")
+    sys.stderr.write("\n" if done == total else "")
+    sys.stderr.flush()
+
+
+def cmd_convert(args):
+    config = read_config(args.checkpoint)
+    layers = _layers(args.layers or f"0-{config.num_hidden_layers - 1}", config)
+    _check_tp(args.tp_size, config)
+    paths = [_output_path(p, args.force) for p in _rank_paths(args.output, args.tp_size)]
+    ranks = [{} for _ in paths]
+    dtype = args.dtype
+    for i, layer in enumerate(layers):
+        if config.is_moe:
+            w, ckpt_dtype = load_moe_layer(args.checkpoint, layer, config)
+            prefix = f"model.layers.{layer}.block_sparse_moe."
+            names = {"router": prefix + "gate.weight", "gate_up": prefix + "experts.gate_up_proj.weight",
+                     "down": prefix + "experts.down_proj.weight"}
+        else:
+            w, ckpt_dtype = load_dense_layer(args.checkpoint, layer, config)
+            names = {"gate_up": f"model.layers.{layer}.mlp.gate_up_proj.weight",
+                     "down": f"model.layers.{layer}.mlp.down_proj.weight"}
+        dtype = dtype or ckpt_dtype
+        for rank, tensors in enumerate(ranks):
+            tensors[names["gate_up"]] = shard_packed(w["gate_up"], args.tp_size, rank)  # [E,] [2I/p, H]
+            tensors[names["down"]] = shard_down(w["down"], args.tp_size, rank)  # [E,] [H, I/p]
+            if "router" in names:
+                tensors[names["router"]] = w["router"]  # [E, H], replicated
+        _progress(i + 1, len(layers))
+    for rank, (path, tensors) in enumerate(zip(paths, ranks)):
+        meta = {"format": "ms_swiglu.packed", "layout": "gate_up rows [gate; up]", "model_type": config.model_type,
+                "tp_size": args.tp_size, "rank": rank, "layers": f"{layers.start}-{layers.stop - 1}"}
+        write_safetensors(path, tensors, dtype, meta)
+        print(f"wrote {path} ({len(tensors)} tensors, {dtype})")
+    return 0
+
+
+def build_parser():
+    parser = _Parser(prog="ms-swiglu", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run the packed MLP of one checkpoint layer in GRAPH_MODE")
+    run.add_argument("--checkpoint", required=True, help="HuggingFace checkpoint folder")
+    run.add_argument("--layer", type=int, required=True)
+    run.add_argument("--input", help="float .npy of shape [..., hidden_size]")
+    run.add_argument("--output", help="write the output here as float32 .npy")
+    run.add_argument("--tokens", type=int, default=16, help="seeded random tokens when there is no --input")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--dtype", choices=DTYPE_CHOICES, help="compute dtype (default: the checkpoint's)")
+    run.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
+    run.add_argument("--repeat", type=int, default=3, help="timed calls after the compiling one")
+    run.add_argument("--force", action="store_true", help="replace an existing --output")
+    run.set_defaults(func=cmd_run)
+
+    conv = sub.add_parser("convert", help="write packed (and tensor-parallel sharded) weights as safetensors")
+    conv.add_argument("--checkpoint", required=True)
+    conv.add_argument("--output", required=True, help="FILE.safetensors; with --tp-size K: FILE-tp{r}-of-K")
+    conv.add_argument("--layers", help="A-B (default: all)")
+    conv.add_argument("--tp-size", type=int, default=1)
+    conv.add_argument("--dtype", choices=DTYPE_CHOICES, help="default: the checkpoint's")
+    conv.add_argument("--force", action="store_true")
+    conv.set_defaults(func=cmd_convert)
+    return parser
+
+
+def main(argv=None):
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "tokens", 1) < 1:
+            raise UsageError(f"--tokens: expected a positive count, got {args.tokens}")
+        return args.func(args)
+    except (UsageError, CheckpointError, ValueError, TypeError, OSError) as exc:
+        print(f"ms-swiglu: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ms-swiglu: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,14 +19,17 @@ from ms_swiglu.config import PRESETS
 ATOL, RTOL = 1e-5, 1.3e-6
 
 
-def _latency_ms(net, x, repeat):
-    net(x)  # warm-up (the first call of a shape also compiles)
-    times = []
+def _latency_ms(nets, x, repeat):
+    """(min, median) ms of each net, calls interleaved so that drifts of the machine hit all alike."""
+    times = [[] for _ in nets]
+    for net in nets:
+        net(x)  # warm-up (the first call of a shape also compiles)
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        net(x)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return min(times), statistics.median(times)
+        for net, t in zip(nets, times):
+            t0 = time.perf_counter()
+            net(x)
+            t.append((time.perf_counter() - t0) * 1e3)
+    return [(min(t), statistics.median(t)) for t in times]
 
 
 def main(argv=None):
@@ -34,7 +37,7 @@ def main(argv=None):
     parser.add_argument("--preset", default="llama-7b", choices=sorted(PRESETS))
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 512])
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args(argv)
 
     ms.set_device("CPU")
@@ -56,8 +59,7 @@ def main(argv=None):
         err = np.abs(got - want)
         close = bool(np.all(err <= ATOL + RTOL * np.abs(want)))
         ok &= close
-        p_min, p_med = _latency_ms(packed, x, args.repeat)
-        b_min, b_med = _latency_ms(baseline, x, args.repeat)
+        (p_min, p_med), (b_min, b_med) = _latency_ms([packed, baseline], x, args.repeat)
         print(f"tokens={tokens:4d}  max|packed-baseline|={err.max():.2e} ({'ok' if close else 'MISMATCH'})  "
               f"packed {p_med:8.2f} ms (min {p_min:.2f})  baseline {b_med:8.2f} ms (min {b_min:.2f})  "
               f"speed-up {b_med / p_med:.2f}x")

@@ -172,3 +172,19 @@ def test_nan_input_propagates(ckpts, tmp_path):
     assert r.returncode == 0, r.stderr
     y = np.load(tmp_path / "y.npy")
     assert np.isnan(y[1]).all() and np.isfinite(y[[0, 2]]).all()
+
+
+def test_convert_mixtral_packs_each_expert(tmp_path):
+    stored = make_checkpoint(tmp_path / "mix", model_type="mixtral", experts=4, layers=2, dtype="float16")
+    r = cli("convert", "--checkpoint", tmp_path / "mix", "--output", tmp_path / "moe.safetensors", "--tp-size", 2)
+    assert r.returncode == 0, r.stderr
+    blk, p = I // 2, "model.layers.1.block_sparse_moe."
+    tensors, dtype = read_safetensors(str(tmp_path / "moe-tp1-of-2.safetensors"))
+    assert dtype == "float16"
+    gu, down = tensors[p + "experts.gate_up_proj.weight"], tensors[p + "experts.down_proj.weight"]
+    assert gu.shape == (4, I, H) and down.shape == (4, H, blk)
+    for e in range(4):
+        np.testing.assert_array_equal(gu[e, :blk], stored[f"{p}experts.{e}.w1.weight"][blk:])
+        np.testing.assert_array_equal(gu[e, blk:], stored[f"{p}experts.{e}.w3.weight"][blk:])
+        np.testing.assert_array_equal(down[e], stored[f"{p}experts.{e}.w2.weight"][:, blk:])
+    np.testing.assert_array_equal(tensors[p + "gate.weight"], stored[p + "gate.weight"])

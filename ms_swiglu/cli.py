@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from ms_swiglu.checkpoint import CheckpointError, load_dense_layer, load_moe_layer, read_config, write_safetensors
-from ms_swiglu.packing import shard_down, shard_packed
+from ms_swiglu.packing import check_tp, shard_down, shard_packed
 
 BACKEND_CHOICES = ("auto", "ascend", "cpu", "akg", "composite")
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")
@@ -80,12 +80,6 @@ def _layers(spec, config):
     return layers
 
 
-def _check_tp(tp_size, config):
-    if tp_size < 1 or config.intermediate_size % tp_size:
-        raise UsageError(f"--tp-size: expected a positive divisor of intermediate_size "
-                         f"{config.intermediate_size}, got {tp_size}")
-
-
 def cmd_run(args):
     config = read_config(args.checkpoint)
     config.check_layer(args.layer)
@@ -94,21 +88,18 @@ def cmd_run(args):
                          f"got model_type {config.model_type!r}; running Mixtral MoE layers is not built yet")
     x = _read_input(args.input, config.hidden_size) if args.input else None
     out = _output_path(args.output, args.force) if args.output else None
-    weights, ckpt_dtype = load_dense_layer(args.checkpoint, args.layer, config)
-    dtype = args.dtype or ckpt_dtype
     if x is None:
         x = np.random.default_rng(args.seed).standard_normal((args.tokens, config.hidden_size)).astype(np.float32)
 
     import mindspore as ms  # noqa: PLC0415 -- after the input checks: importing MindSpore takes seconds
 
-    from ms_swiglu.mlp import PackedSwiGLUMLP, _load  # noqa: PLC0415
+    from ms_swiglu.mlp import load_mlp  # noqa: PLC0415
 
     device = ms.get_context("device_target")  # the installed MindSpore's default: Ascend or CPU
     ms.set_device(device)
     ms.set_context(mode=ms.GRAPH_MODE)
-    mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype, backend=args.backend)
-    _load(mlp, {"gate_up_proj.weight": weights["gate_up"], "down_proj.weight": weights["down"]})
-    del weights
+    mlp = load_mlp(args.checkpoint, args.layer, dtype=args.dtype, backend=args.backend)
+    dtype = str(mlp.down_proj.weight.dtype).lower()
     mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=mlp.down_proj.weight.dtype))
     xt = ms.Tensor(x).astype(mlp.down_proj.weight.dtype)
     y = mlp(xt)  # compiles
@@ -144,7 +135,7 @@ def _progress(done, total, width=30):
 def cmd_convert(args):
     config = read_config(args.checkpoint)
     layers = _layers(args.layers or f"0-{config.num_hidden_layers - 1}", config)
-    _check_tp(args.tp_size, config)
+    check_tp(config.intermediate_size, args.tp_size)
     paths = [_output_path(p, args.force) for p in _rank_paths(args.output, args.tp_size)]
     ranks = [{} for _ in paths]
     dtype = args.dtype

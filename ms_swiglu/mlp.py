@@ -93,7 +93,8 @@ def _weights(cell):
     return {name: p.asnumpy() for name, p in cell.parameters_and_names()}
 
 
-def _load(cell, state):
+def load_weights(cell, state):
+    """Set a Cell's parameters from ``{relative name: array}``; names and shapes must match exactly."""
     params = dict(cell.parameters_and_names())
     if set(params) != set(state):
         raise ValueError(f"expected weights {sorted(params)}, got {sorted(state)}")
@@ -108,14 +109,14 @@ def to_packed(mlp, *, backend="auto"):
     """A :class:`PackedSwiGLUMLP` with the weights of a :class:`SwiGLUMLP` (``gate, up -> gate_up``)."""
     dtype = mlp.down_proj.weight.dtype
     packed = PackedSwiGLUMLP(mlp.hidden_size, mlp.intermediate_size, dtype=dtype, backend=backend)
-    return _load(packed, pack_state_dict(_weights(mlp)))
+    return load_weights(packed, pack_state_dict(_weights(mlp)))
 
 
 def to_unpacked(packed):
     """The :class:`SwiGLUMLP` with the weights of a :class:`PackedSwiGLUMLP` (``gate_up -> gate, up``)."""
     dtype = packed.down_proj.weight.dtype
     mlp = SwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=dtype)
-    return _load(mlp, unpack_state_dict(_weights(packed)))
+    return load_weights(mlp, unpack_state_dict(_weights(packed)))
 
 
 def load_mlp(folder, layer, *, dtype=None, backend="auto"):
@@ -126,4 +127,4 @@ def load_mlp(folder, layer, *, dtype=None, backend="auto"):
     config = read_config(folder)
     weights, ckpt_dtype = load_dense_layer(folder, layer, config)
     mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype or ckpt_dtype, backend=backend)
-    return _load(mlp, {"gate_up_proj.weight": weights["gate_up"], "down_proj.weight": weights["down"]})
+    return load_weights(mlp, {"gate_up_proj.weight": weights["gate_up"], "down_proj.weight": weights["down"]})

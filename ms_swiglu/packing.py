@@ -65,7 +65,8 @@ def unpack_state_dict(state):
     return out
 
 
-def _check_tp(inter, tp_size, rank=0):
+def check_tp(inter, tp_size, rank=0):
+    """ValueError unless tp_size divides intermediate_size and 0 <= rank < tp_size."""
     if not isinstance(tp_size, int) or tp_size < 1 or inter % tp_size:
         raise ValueError(f"tp_size: expected a positive divisor of intermediate_size {inter}, got {tp_size}")
     if not isinstance(rank, int) or not 0 <= rank < tp_size:
@@ -80,7 +81,7 @@ def shard_packed(gate_up, tp_size, rank):
     matrix would give rank 0 all of gate.
     """
     inter = np.shape(gate_up)[-2] // 2
-    _check_tp(inter, tp_size, rank)
+    check_tp(inter, tp_size, rank)
     sizes, block = (inter, inter), inter // tp_size
     starts = [sum(sizes[:i]) + rank * block for i in range(len(sizes))]
     return np.concatenate([gate_up[..., s:s + block, :] for s in starts], axis=-2)
@@ -104,7 +105,7 @@ def unpack_gate_up_nd(gate_up):
 def shard_down(down, tp_size, rank):
     """Rank ``rank``'s columns ``[H, I/p]`` of ``down [H, I]`` (``[..., H, I]`` for experts)."""
     inter = np.shape(down)[-1]
-    _check_tp(inter, tp_size, rank)
+    check_tp(inter, tp_size, rank)
     block = inter // tp_size
     return down[..., rank * block:(rank + 1) * block]
 

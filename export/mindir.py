@@ -28,3 +28,15 @@ def op_types(path):
             if name != "Constant":
                 found.add(name)
     return sorted(found)
+
+
+def graph_io(path):
+    """``{"inputs": [{"name", "shape"}], "outputs": [...]}`` of a MindIR's main graph; -1 marks a dynamic dim."""
+    model = mind_ir_pb2.ModelProto()
+    with open(path, "rb") as f:
+        model.ParseFromString(f.read())
+
+    def describe(values):
+        return [{"name": v.name, "shape": list(v.tensor[0].dims) if v.tensor else None} for v in values]
+
+    return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}

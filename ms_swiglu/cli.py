@@ -15,8 +15,9 @@ import numpy as np
 from ms_swiglu.checkpoint import CheckpointError, load_dense_layer, load_moe_layer, read_config, write_safetensors
 from ms_swiglu.packing import check_tp, shard_down, shard_packed
 
+from ms_swiglu.config import DTYPE_NAMES as DTYPE_CHOICES, PRESETS
+
 BACKEND_CHOICES = ("auto", "ascend", "cpu", "akg", "composite")
-DTYPE_CHOICES = ("float32", "float16", "bfloat16")
 
 
 class UsageError(ValueError):
@@ -164,6 +165,53 @@ def cmd_convert(args):
     return 0
 
 
+def _static_shape(spec):
+    try:
+        batch, seq = (int(v) for v in spec.split(","))
+    except ValueError:
+        raise UsageError(f"--static-shape: expected B,S (two positive integers), got {spec!r}") from None
+    if batch < 1 or seq < 1:
+        raise UsageError(f"--static-shape: expected B,S (two positive integers), got {spec!r}")
+    return batch, seq
+
+
+def cmd_export(args):
+    from ms_swiglu.export.exporter import ExportRequest, export  # noqa: PLC0415
+
+    if args.checkpoint:
+        config = read_config(args.checkpoint)
+        if args.layer is None and args.layers is None:
+            raise UsageError("export: expected --layer N or --layers A-B with --checkpoint, got neither")
+        if args.layers:
+            layers = _layers(args.layers, config)
+        else:
+            config.check_layer(args.layer)
+            layers = range(args.layer, args.layer + 1)
+    else:
+        if args.layer is not None:
+            raise UsageError("export: expected --layers A-B (a stack of blocks) with --preset, got --layer")
+        first, _, last = (args.layers or "0-0").partition("-")
+        try:
+            layers = range(int(first), int(last or first) + 1)
+        except ValueError:
+            raise UsageError(f"--layers: expected A-B or N, got {args.layers!r}") from None
+    req = ExportRequest(output_dir=args.output_dir, target=args.target, checkpoint=args.checkpoint,
+                        preset=args.preset, seed=args.seed, layers=(layers.start, layers.stop - 1),
+                        stack=bool(args.layers), dtype=args.dtype, force=args.force, air=args.air,
+                        static_shape=_static_shape(args.static_shape) if args.static_shape else None)
+    manifest = export(req)
+    out = os.path.abspath(args.output_dir)
+    numerics = manifest["verification"]["numerics"]
+    checked = ("not run here (" + numerics["not_run"] + ")" if numerics.get("ok") is None else
+               "reloaded in a fresh process: " + ", ".join(f"{c['shape']} max err {c['max_abs_err']:.2e}"
+                                                           for c in numerics["cases"]))
+    print(f"wrote {os.path.join(out, manifest['model_file'])} (target {manifest['target']}, {manifest['dtype']}, "
+          f"input {manifest['inputs'][0]['shape']}, deployable: {'yes' if manifest['deployable'] else 'no'})")
+    print(f"op types: {', '.join(manifest['op_types'])}")
+    print(f"numerics: {checked}")
+    return 0
+
+
 def build_parser():
     parser = _Parser(prog="ms-swiglu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -189,6 +237,21 @@ def build_parser():
     conv.add_argument("--dtype", choices=DTYPE_CHOICES, help="default: the checkpoint's")
     conv.add_argument("--force", action="store_true")
     conv.set_defaults(func=cmd_convert)
+
+    exp = sub.add_parser("export", help="write a verified MindIR and an Ascend deployment kit")
+    src = exp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="HuggingFace checkpoint folder")
+    src.add_argument("--preset", choices=sorted(PRESETS), help="seeded random weights of a known shape")
+    exp.add_argument("--layer", type=int, help="the MLP of this layer (with --checkpoint)")
+    exp.add_argument("--layers", help="A-B: a stack of FFN blocks (RMSNorm -> MLP -> residual)")
+    exp.add_argument("--seed", type=int, default=0)
+    exp.add_argument("--output-dir", required=True)
+    exp.add_argument("--target", choices=("ascend", "portable", "cpu"), default="ascend")
+    exp.add_argument("--dtype", choices=DTYPE_CHOICES, help="default: the checkpoint's (float32 for presets)")
+    exp.add_argument("--static-shape", help="B,S: a fixed [B, S, H] input (default: dynamic batch and sequence)")
+    exp.add_argument("--force", action="store_true", help="replace an earlier export in --output-dir")
+    exp.add_argument("--air", action="store_true", help="AIR for ATC instead of MindIR (Ascend hosts only)")
+    exp.set_defaults(func=cmd_export)
     return parser
 
 

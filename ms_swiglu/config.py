@@ -1,14 +1,17 @@
-"""Model shapes and dtype names shared by the Cells, the demo, the benchmarks and the CLI."""
-from mindspore.common import dtype as mstype
+"""Model shapes and dtype names shared by the Cells, the demo, the benchmarks and the CLI (no MindSpore import
+at module load, so that the CLI can check its arguments first)."""
 
-# (hidden_size, intermediate_size) of the MLPs the benchmarks and the demo use
+# (hidden_size, intermediate_size) of the MLPs the benchmarks, the demo and the exporter use
 PRESETS = {
     "llama-7b": (4096, 11008),
     "qwen2-7b": (3584, 18944),
     "small": (1024, 2752),
+    "tiny": (64, 176),
 }
 
-DTYPES = {"float32": mstype.float32, "float16": mstype.float16, "bfloat16": mstype.bfloat16}
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
+# (atol, rtol) for comparing a result in this dtype with its reference (one rounding to the dtype)
+TOLERANCE = {"float32": (1e-5, 1.3e-6), "float16": (1e-3, 1e-3), "bfloat16": (1e-3, 1.6e-2)}
 
 
 def preset(name):
@@ -20,10 +23,13 @@ def preset(name):
 
 def to_dtype(dtype):
     """A MindSpore float dtype from a dtype or its name ('float32', 'float16', 'bfloat16')."""
+    import mindspore as ms  # noqa: PLC0415
+
+    names = {name: getattr(ms, name) for name in DTYPE_NAMES}
     if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise TypeError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-        return DTYPES[dtype]
-    if dtype not in DTYPES.values():
-        raise TypeError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype}")
+        if dtype not in names:
+            raise TypeError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+        return names[dtype]
+    if dtype not in names.values():
+        raise TypeError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype}")
     return dtype

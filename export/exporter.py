@@ -1,0 +1,302 @@
+"""``ms-swiglu export``: a verified MindIR of a packed MLP (or a stack of FFN blocks) and an Ascend kit.
+
+Targets:
+    ascend    the builtin ``Swiglu``, no Custom op; deployable: converter_lite (MindIR -> Ascend) or AIR + ATC
+    portable  split + silu + mul only: runs wherever MindSpore / MindSpore Lite runs
+    cpu       the project's aot kernel: a Custom op bound to this host's .so, NOT deployable
+
+Every export is verified before it is moved into place: the MindIR is read back and its op types checked
+(ascend: an allow-list, never Custom), and portable/cpu MindIRs are loaded in a fresh process and run on the
+golden inputs at two token counts. Files are built in a temporary folder and renamed into the output
+folder; existing artifacts are kept unless ``force``; other files in the folder are never touched.
+"""
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from ms_swiglu.checkpoint import read_config
+from ms_swiglu.config import TOLERANCE as TOL, preset as preset_shape
+from ms_swiglu.export.kit import AIR_DEFAULT_SHAPE, atc_command, converter_command, converter_config, write_scripts
+from ms_swiglu.export.mindir import graph_io, op_types
+
+TARGETS = {"ascend": "ascend", "portable": "composite", "cpu": "cpu"}
+# Every op an ascend-target graph of this package holds; each has an Ascend kernel. Anything else is refused.
+ASCEND_OPS = frozenset({"Add", "Cast", "Depend", "Load", "MakeTuple", "MatMul", "Mul", "ReduceMean", "Reshape",
+                        "Rsqrt", "Shape", "Swiglu", "TupleGetItem", "UpdateState"})
+WORK_PREFIX = ".ms_swiglu-export-"
+ARTIFACTS = ("manifest.json", "converter_lite.cfg", "convert_om.sh", "export_air.sh", "golden")
+
+
+class ExportError(ValueError):
+    """An export that cannot be made or does not verify; nothing is left behind."""
+
+
+@dataclasses.dataclass
+class ExportRequest:
+    """What to export. Exactly one of ``checkpoint`` / ``preset``; ``layers`` is (first, last), inclusive."""
+
+    output_dir: str
+    target: str = "ascend"
+    checkpoint: str = None
+    preset: str = None
+    seed: int = 0
+    layers: tuple = (0, 0)
+    stack: bool = False  # True: RMSNorm -> MLP -> residual blocks for every layer in `layers`
+    dtype: str = None  # None: the checkpoint's (float32 for presets)
+    static_shape: tuple = None  # (batch, seq) or None for dynamic batch and sequence
+    force: bool = False
+    air: bool = False  # AIR instead of MindIR (Ascend hosts only)
+
+    def name(self, model):
+        what = f"ffn{self.layers[0]}-{self.layers[1]}" if self.stack else f"mlp{self.layers[0]}"
+        shape = f"-{self.static_shape[0]}x{self.static_shape[1]}" if self.static_shape else ""
+        return f"{model}-{what}-{self.target}-{self.dtype}{shape}"
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _raw(tensor, dtype):
+    """Little-endian bytes of a Tensor in its own dtype (bfloat16 as its 16-bit patterns)."""
+    import mindspore as ms  # noqa: PLC0415
+
+    from ms_swiglu.checkpoint import to_bf16_bits  # noqa: PLC0415
+
+    values = tensor.astype(ms.float32).asnumpy()
+    raw = to_bf16_bits(values) if dtype == "bfloat16" else values.astype(np.dtype(dtype).newbyteorder("<"))
+    return values, raw.tobytes()
+
+
+def _build(req, backend):
+    """(network, hidden_size, intermediate_size, model name) for the request, on `backend`."""
+    from ms_swiglu.ffn import FFNBlock, FFNStack, load_ffn  # noqa: PLC0415
+    from ms_swiglu.mlp import PackedSwiGLUMLP, load_mlp  # noqa: PLC0415
+
+    import mindspore as ms  # noqa: PLC0415
+
+    layers = range(req.layers[0], req.layers[1] + 1)
+    if not layers:
+        raise ExportError(f"--layers: expected A <= B, got {req.layers[0]}-{req.layers[1]}")
+    if req.checkpoint:
+        config = read_config(req.checkpoint)
+        if config.is_moe:
+            raise ExportError(f"export: expected a dense model, got model_type {config.model_type!r} "
+                              f"(MoE export is not built yet)")
+        for layer in (layers.start, layers.stop - 1):
+            config.check_layer(layer)
+        hidden, inter, model = config.hidden_size, config.intermediate_size, config.model_type
+        if req.stack:
+            net = FFNStack([load_ffn(req.checkpoint, i, dtype=req.dtype, backend=backend) for i in layers])
+        else:
+            net = load_mlp(req.checkpoint, layers.start, dtype=req.dtype, backend=backend)
+    else:
+        hidden, inter = preset_shape(req.preset)
+        model = req.preset
+        ms.set_seed(req.seed)
+        if req.stack:
+            net = FFNStack([FFNBlock(hidden, inter, dtype=req.dtype or "float32", backend=backend) for _ in layers])
+        else:
+            net = PackedSwiGLUMLP(hidden, inter, dtype=req.dtype or "float32", backend=backend)
+    net.set_train(False)
+    return net, hidden, inter, model
+
+
+def _golden_shapes(req):
+    if req.static_shape:
+        return [tuple(req.static_shape) + (None,)] * 2  # a static graph takes one shape: two seeds
+    return [(1, 1, None), (2, 8, None)]  # 1 token (decode) and 16 tokens (prefill)
+
+
+def _check_ops(found, target):
+    if target == "ascend":
+        if "Custom" in found:
+            raise ExportError("export --target ascend: expected no Custom op (an aot Custom op is bound to a host "
+                              f".so and cannot be deployed), got op types {found}")
+        extra = sorted(set(found) - ASCEND_OPS)
+        if extra:
+            raise ExportError(f"export --target ascend: expected only ops of {sorted(ASCEND_OPS)}, got {extra}")
+        if "Swiglu" not in found:
+            raise ExportError(f"export --target ascend: expected the builtin Swiglu op, got op types {found}")
+    elif target == "portable":
+        if {"Custom", "Swiglu"} & set(found):
+            raise ExportError(f"export --target portable: expected no Custom and no Swiglu op, got {found}")
+    elif "Custom" not in found:
+        raise ExportError(f"export --target cpu: expected the Custom aot op, got op types {found}")
+
+
+def _verify_in_fresh_process(mindir, golden, dtype):
+    """Load the MindIR with mindspore.load + nn.GraphCell in a new interpreter and run the golden inputs."""
+    cmd = [sys.executable, "-m", "ms_swiglu.export.verify", mindir, golden, dtype]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    try:
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ExportError(f"export: expected the reloaded MindIR to run, got exit {proc.returncode}: {tail}") from None
+    if not result["ok"]:
+        raise ExportError(f"export: expected the reloaded MindIR to match the Cell within {TOL[dtype]}, "
+                          f"got {result['cases']}")
+    return result
+
+
+def _prepare_output(req, names):
+    """Check the output folder and clobbering before any work; returns the folder (absolute)."""
+    out = os.path.abspath(req.output_dir)
+    parent = out if os.path.isdir(out) else os.path.dirname(out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ExportError(f"--output-dir: expected a folder, got a file {out}")
+    if not os.path.isdir(parent):
+        raise ExportError(f"--output-dir: expected an existing parent folder, found none at {parent}")
+    try:
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as exc:
+        raise ExportError(f"--output-dir: expected a writable folder, got {parent} ({exc.strerror})") from None
+    existing = [n for n in names if os.path.exists(os.path.join(out, n))]
+    if existing and not req.force:
+        raise ExportError(f"--output-dir: expected no earlier export in {out}, found {', '.join(existing)} "
+                          f"(use --force to replace them)")
+    return out
+
+
+def export(req):
+    """Run the export described by ``req``; returns the manifest (a dict)."""
+    import mindspore as ms  # noqa: PLC0415
+
+    if req.target not in TARGETS:
+        raise ExportError(f"--target: expected one of {', '.join(TARGETS)}, got {req.target!r}")
+    device = ms.get_context("device_target")
+    if req.air and device != "Ascend":
+        raise ExportError(f"--air: expected MindSpore running on an Ascend device (AIR export needs it), "
+                          f"got device target {device}")
+    if req.air and req.target != "ascend":
+        raise ExportError(f"--air: expected --target ascend, got {req.target}")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net, hidden, inter, model = _build(req, TARGETS[req.target])
+    req.dtype = str(next(iter(net.get_parameters())).dtype).lower()  # None above: the checkpoint's dtype
+    name = req.name(model)
+    fmt = "AIR" if req.air else "MINDIR"
+    model_file = f"{name}.{fmt.lower()}"
+    out = _prepare_output(req, (model_file,) + ARTIFACTS)
+    ref = net if req.target != "ascend" else _build(req, "composite")[0]  # Swiglu has no CPU kernel
+
+    ms_dtype = getattr(ms, req.dtype)
+    shape = list(req.static_shape or (-1, -1)) + [hidden]
+    work_parent = out if os.path.isdir(out) else os.path.dirname(out)
+    _remove_stale_work(work_parent)
+    work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=work_parent)
+    try:
+        net.set_inputs(ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype))
+        ms.export(net, ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype),
+                  file_name=os.path.join(work, name), file_format=fmt)
+        found = op_types(os.path.join(work, model_file)) if fmt == "MINDIR" else []
+        if fmt == "MINDIR":
+            _check_ops(found, req.target)
+        io = graph_io(os.path.join(work, model_file)) if fmt == "MINDIR" else {"inputs": [], "outputs": []}
+
+        golden_dir = os.path.join(work, "golden")
+        os.mkdir(golden_dir)
+        golden = []
+        for case, (b, s, _) in enumerate(_golden_shapes(req)):
+            rng = np.random.default_rng(req.seed * 1000 + case)
+            x = ms.Tensor(rng.standard_normal((b, s, hidden)).astype(np.float32)).astype(ms_dtype)
+            y = ref(x)
+            entry = {"case": case, "tokens": b * s, "shape": [b, s, hidden]}
+            for role, t in (("input", x), ("output", y)):
+                values, raw = _raw(t, req.dtype)
+                stem = os.path.join(golden_dir, f"{role}_{case}_t{b * s}")
+                np.save(stem + ".npy", values)
+                with open(stem + ".bin", "wb") as f:
+                    f.write(raw)
+                entry[role] = {"npy": os.path.relpath(stem + ".npy", work), "bin": os.path.relpath(stem + ".bin", work),
+                               "bin_dtype": req.dtype, "npy_dtype": "float32 (exact values)"}
+            golden.append(entry)
+
+        atol, rtol = TOL[req.dtype]
+        if req.target == "ascend":
+            numerics = {"ok": None, "not_run": "Swiglu has no CPU kernel: run the golden files on the device "
+                                              "(ais_bench/msame read the .bin files)"}
+        else:
+            numerics = _verify_in_fresh_process(os.path.join(work, model_file), golden_dir, req.dtype)
+        deployable = req.target != "cpu"
+        input_name = io["inputs"][0]["name"] if io["inputs"] else "x"
+        with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
+            f.write(converter_config(input_name, shape, req.dtype))
+        converter = converter_command(name, input_name, shape)
+        air_name = dataclasses.replace(req, target="ascend", static_shape=req.static_shape or AIR_DEFAULT_SHAPE,
+                                       air=True).name(model)
+        write_scripts(work, name, req, converter, air_name, deployable)
+
+        manifest = {
+            "name": name, "format": fmt, "model_file": model_file, "target": req.target, "deployable": deployable,
+            "deployable_note": ("the MindIR holds a Custom aot op bound to " + _kernel_note() + "; run it on this "
+                                "host with MindSpore only") if not deployable else
+                               "convert_om.sh (converter_lite, MindIR -> Ascend) or export_air.sh (AIR + ATC)",
+            "source": {"checkpoint": os.path.abspath(req.checkpoint) if req.checkpoint else None,
+                       "preset": req.preset, "seed": None if req.checkpoint else req.seed, "model": model,
+                       "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP -> residual)"
+                       if req.stack else "PackedSwiGLUMLP"},
+            "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype,
+            "inputs": [{"name": input_name, "shape": shape, "dtype": req.dtype, "dynamic": [i for i, d in
+                                                                                        enumerate(shape) if d < 0]}],
+            "outputs": [{"shape": shape, "dtype": req.dtype}],
+            "op_types": found,
+            "golden": golden,
+            "tolerance": {"atol": atol, "rtol": rtol},
+            "verification": {"op_types": "ok", "allowed_ops": sorted(ASCEND_OPS) if req.target == "ascend" else None,
+                             "numerics": numerics},
+            "converter_command": converter,
+            "atc_command": atc_command(air_name),
+            "files": {},
+        }
+        for root, _, files in os.walk(work):
+            for fname in sorted(files):
+                path = os.path.join(root, fname)
+                manifest["files"][os.path.relpath(path, work)] = _sha256(path)
+        with open(os.path.join(work, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1)
+        _move_into_place(work, out, [model_file] + list(ARTIFACTS))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def _remove_stale_work(folder):
+    """Work folders of exports that were killed (their process is gone) are removed; live ones are kept."""
+    for entry in os.listdir(folder):
+        if not entry.startswith(WORK_PREFIX):
+            continue
+        pid = entry[len(WORK_PREFIX):].split("-")[0]
+        try:
+            os.kill(int(pid), 0)
+        except (ValueError, ProcessLookupError):
+            shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's
+
+
+def _kernel_note():
+    from ms_swiglu._cpu_kernel import kernel_path  # noqa: PLC0415
+
+    return kernel_path()
+
+
+def _move_into_place(work, out, names):
+    """Rename the artifacts from the work folder into `out`; manifest.json last, so it marks a whole export."""
+    os.makedirs(out, exist_ok=True)
+    for name in sorted(names, key=lambda n: n == "manifest.json"):
+        src, dst = os.path.join(work, name), os.path.join(out, name)
+        if os.path.isdir(dst) and not os.path.islink(dst):
+            shutil.rmtree(dst)
+        os.replace(src, dst)

@@ -1,0 +1,72 @@
+"""The feed-forward half of a LLaMA/Qwen decoder layer: ``x + MLP(RMSNorm(x))``.
+
+Shape legend: T = tokens (any leading dims), H = hidden_size, I = intermediate_size.
+"""
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+from mindspore.common import dtype as mstype
+
+from ms_swiglu.checkpoint import SafetensorsFolder, read_config
+from ms_swiglu.config import to_dtype
+from ms_swiglu.mlp import PackedSwiGLUMLP, load_mlp, load_weights
+
+
+class RMSNorm(nn.Cell):
+    """``weight * x / sqrt(mean(x^2) + eps)``, statistics and scaling in float32, rounded once.
+
+    Shapes:
+        x: [T, H]    weight: [H]    out: [T, H]
+    """
+
+    def __init__(self, hidden_size, eps=1e-6, dtype=ms.float32):
+        super().__init__()
+        self.eps = eps
+        self.weight = ms.Parameter(ms.Tensor(np.ones(hidden_size, np.float32)).astype(to_dtype(dtype)), name="weight")
+
+    def construct(self, x):
+        x32 = x.astype(mstype.float32)
+        var = ops.mean(x32 * x32, -1, keep_dims=True)  # [T, H] -> [T, 1], float32
+        return (x32 * ops.rsqrt(var + self.eps) * self.weight.astype(mstype.float32)).astype(x.dtype)
+
+
+class FFNBlock(nn.Cell):
+    """``x + mlp(post_attention_layernorm(x))``, the FFN half of a decoder layer.
+
+    Shapes:
+        x:   [T, H]
+        out: [T, H]
+    """
+
+    def __init__(self, hidden_size, intermediate_size, *, eps=1e-6, dtype=ms.float32, backend="auto", mlp=None):
+        super().__init__()
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype)
+        self.mlp = mlp or PackedSwiGLUMLP(hidden_size, intermediate_size, dtype=dtype, backend=backend)
+
+    def construct(self, x):
+        return x + self.mlp(self.post_attention_layernorm(x))  # [T, H] -> [T, H]
+
+
+class FFNStack(nn.Cell):
+    """Consecutive :class:`FFNBlock` s (attention left out), as exported for ``--layers A-B``."""
+
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = nn.CellList(blocks)
+
+    def construct(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def load_ffn(folder, layer, *, dtype=None, backend="auto"):
+    """The :class:`FFNBlock` of one checkpoint layer (``post_attention_layernorm.weight`` + the MLP)."""
+    config = read_config(folder)
+    mlp = load_mlp(folder, layer, dtype=dtype, backend=backend)
+    block = FFNBlock(config.hidden_size, config.intermediate_size, eps=config.rms_norm_eps,
+                     dtype=mlp.down_proj.weight.dtype, mlp=mlp)
+    norm, _ = SafetensorsFolder(folder).read(f"model.layers.{layer}.post_attention_layernorm.weight",
+                                             (config.hidden_size,))
+    load_weights(block.post_attention_layernorm, {"weight": norm})
+    return block

@@ -1,0 +1,285 @@
+"""`ms-swiglu export`: verified MindIR per target, golden files, manifest, the Ascend kit, no-clobber, atomicity."""
+import configparser
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ms_swiglu.export import graph_io, op_types
+from conftest import ref_swiglu
+from hf_checkpoint import make_checkpoint
+
+H, I = 32, 48
+CLI = [os.path.join(os.path.dirname(sys.executable), "ms-swiglu")]
+
+# MindSpore Lite "Ascend Conversion Tool Description": the sections and keys this kit may use
+DOC_KEYS = {
+    "ascend_context": {"input_format", "input_shape", "dynamic_dims", "precision_mode", "op_select_impl_mode",
+                       "output_type", "fusion_switch_config_file_path", "insert_op_config_file_path"},
+    "acl_build_options": {"input_format", "input_shape", "ge.dynamicDims", "ge.dynamicBatchSize",
+                          "ge.exec.precision_mode", "log"},
+}
+DOC_PRECISION = {"enforce_fp32", "preferred_fp32", "enforce_fp16", "enforce_origin", "preferred_optimal"}
+
+
+def cli(*args, env=None):
+    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def sha256(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("export_ckpt")
+    return str(folder), make_checkpoint(folder, layers=3, seed=11)
+
+
+@pytest.fixture(scope="module")
+def exports(ckpt, tmp_path_factory):
+    """One export per target from the test checkpoint, layer 1, float32."""
+    out = {}
+    for target in ("ascend", "portable", "cpu"):
+        d = tmp_path_factory.mktemp(f"exp_{target}")
+        r = cli("export", "--checkpoint", ckpt[0], "--layer", 1, "--output-dir", d, "--target", target)
+        assert r.returncode == 0, r.stderr
+        out[target] = (d, json.loads((d / "manifest.json").read_text()), r.stdout)
+    return out
+
+
+def ref_mlp(x, stored, layer):
+    p = f"model.layers.{layer}.mlp."
+    g, u, d = (stored[p + n].astype(np.float64) for n in ("gate_proj.weight", "up_proj.weight", "down_proj.weight"))
+    return ref_swiglu(np.concatenate([x @ g.T, x @ u.T], axis=-1)) @ d.T
+
+
+def test_op_types_per_target(exports):
+    found = {t: set(op_types(d / m["model_file"])) for t, (d, m, _) in exports.items()}
+    assert "Swiglu" in found["ascend"] and "Custom" not in found["ascend"]
+    assert {"Split", "SiLU", "Mul"} <= found["portable"] and not {"Custom", "Swiglu"} & found["portable"]
+    assert "Custom" in found["cpu"] and "Swiglu" not in found["cpu"]
+    for t, (_, m, _) in exports.items():
+        assert set(m["op_types"]) == found[t]
+    assert exports["cpu"][1]["deployable"] is False and exports["ascend"][1]["deployable"] is True
+
+
+def test_manifest_hashes_and_dynamic_shapes(exports):
+    for target, (d, m, _) in exports.items():
+        on_disk = {os.path.relpath(os.path.join(root, f), d) for root, _, files in os.walk(d) for f in files}
+        assert on_disk - {"manifest.json"} == set(m["files"])
+        for rel, digest in m["files"].items():
+            assert sha256(d / rel) == digest, rel
+        assert m["inputs"][0]["shape"] == [-1, -1, H] and m["inputs"][0]["dynamic"] == [0, 1]
+        assert graph_io(d / m["model_file"])["inputs"][0]["shape"] == [-1, -1, H]
+        assert m["source"]["checkpoint"] and m["source"]["layers"] == [1, 1]
+
+
+def test_golden_files_match_numpy_and_raw_bin(exports, ckpt):
+    _, stored = ckpt
+    for target, (d, m, _) in exports.items():
+        assert [g["tokens"] for g in m["golden"]] == [1, 16]
+        for g in m["golden"]:
+            x = np.load(d / g["input"]["npy"])
+            y = np.load(d / g["output"]["npy"])
+            assert list(x.shape) == g["shape"]
+            np.testing.assert_allclose(y, ref_mlp(x.astype(np.float64), stored, 1), atol=1e-5, rtol=1.3e-6)
+            raw = np.fromfile(d / g["input"]["bin"], dtype="<f4").reshape(x.shape)
+            np.testing.assert_array_equal(raw, x)
+
+
+@pytest.mark.parametrize("target", ["portable", "cpu"])
+def test_reload_in_a_fresh_process_at_two_token_counts(exports, target):
+    d, m, stdout = exports[target]
+    assert m["verification"]["numerics"]["ok"] is True and "reloaded in a fresh process" in stdout
+    r = subprocess.run([sys.executable, "-m", "ms_swiglu.export.verify", d / m["model_file"], d / "golden",
+                        "float32"], capture_output=True, text=True, timeout=600)
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0 and result["ok"] and [c["shape"] for c in result["cases"]] == [[1, 1, H], [2, 8, H]]
+
+
+def test_ascend_numerics_are_labelled_not_run(exports):
+    numerics = exports["ascend"][1]["verification"]["numerics"]
+    assert numerics["ok"] is None and "no CPU kernel" in numerics["not_run"]
+
+
+def test_converter_config_uses_documented_keys(exports):
+    for target in ("ascend", "portable"):
+        d, m, _ = exports[target]
+        cfg = configparser.ConfigParser()
+        cfg.optionxform = str
+        cfg.read(d / "converter_lite.cfg")
+        assert set(cfg.sections()) <= set(DOC_KEYS)
+        for section in cfg.sections():
+            assert set(cfg[section]) <= DOC_KEYS[section], (section, set(cfg[section]))
+        assert cfg["ascend_context"]["precision_mode"] in DOC_PRECISION
+        assert cfg["ascend_context"]["precision_mode"] != "enforce_fp16"
+        shape = cfg["acl_build_options"]["input_shape"].strip('"')
+        assert shape == f"{m['inputs'][0]['name']}:-1,-1,{H}"
+        gears = [tuple(map(int, g.split(","))) for g in cfg["acl_build_options"]["ge.dynamicDims"].strip('"').split(";")]
+        assert len(gears) <= 100 and all(len(g) == 2 and 1 <= min(g) and max(g) <= 2048 for g in gears)
+
+
+def _fake_tools(folder, npu_smi=True):
+    """converter_lite/atc stubs that record their arguments, and an npu-smi printing a 910B3 table."""
+    folder.mkdir(exist_ok=True)
+    for tool in ("converter_lite", "atc"):
+        (folder / tool).write_text(f'#!/bin/sh\necho "$@" > "{folder}/{tool}.args"\n')
+        os.chmod(folder / tool, 0o755)
+    if npu_smi:
+        (folder / "npu-smi").write_text("#!/bin/sh\ncat <<'EOF'\n"
+                                        "| npu-smi 24.1.rc2                Version: 24.1.rc2              |\n"
+                                        "| NPU     Name                  | Health          | Power(W) |\n"
+                                        "| Chip    Device                | Bus-Id          | AICore(%) |\n"
+                                        "| 0       910B3                 | OK              | 93.4      |\n"
+                                        "| 0       0                     | 0000:C1:00.0    | 0         |\nEOF\n")
+        os.chmod(folder / "npu-smi", 0o755)
+    return folder
+
+
+def test_convert_om_script(exports, tmp_path):
+    d, m, _ = exports["ascend"]
+    env = dict(os.environ, PATH="/usr/bin:/bin")
+    r = subprocess.run(["bash", d / "convert_om.sh"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "converter_lite not found" in r.stderr
+    tools = _fake_tools(tmp_path / "bin")
+    env["PATH"] = f"{tools}:/usr/bin:/bin"
+    r = subprocess.run(["bash", d / "convert_om.sh"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "on Ascend910B3" in r.stdout
+    args = (tools / "converter_lite.args").read_text().split()
+    assert args == ["--fmk=MINDIR", f"--modelFile={m['model_file']}", f"--outputFile={m['name']}_ascend",
+                    "--optimize=ascend_oriented", "--configFile=converter_lite.cfg"]
+    r = subprocess.run(["bash", exports["cpu"][0] / "convert_om.sh"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "cannot be deployed" in r.stderr
+
+
+def test_export_air_script_needs_an_ascend_host(exports, tmp_path):
+    d, m, _ = exports["ascend"]
+    assert m["atc_command"].startswith("atc --mode=0 --framework=1 --model=")
+    assert ".air" in m["atc_command"] and "--soc_version=${SOC_VERSION}" in m["atc_command"]
+    assert "--precision_mode=must_keep_origin_dtype" in m["atc_command"]
+    tools = _fake_tools(tmp_path / "bin")
+    env = dict(os.environ, PATH=f"{tools}:{os.path.dirname(sys.executable)}:/usr/bin:/bin")
+    r = subprocess.run(["bash", d / "export_air.sh"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 2 and "expected MindSpore running on an Ascend device" in r.stderr
+    assert not (tools / "atc.args").exists()
+
+
+def test_static_shape_and_ffn_stack(ckpt, tmp_path):
+    folder, stored = ckpt
+    r = cli("export", "--checkpoint", folder, "--layers", "0-2", "--output-dir", tmp_path, "--target", "portable",
+            "--static-shape", "2,3")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["inputs"][0]["shape"] == [2, 3, H] and m["inputs"][0]["dynamic"] == []
+    assert graph_io(tmp_path / m["model_file"])["inputs"][0]["shape"] == [2, 3, H]
+    assert "[acl_build_options]" not in (tmp_path / "converter_lite.cfg").read_text()
+    assert f"--inputShape={m['inputs'][0]['name']}:2,3,{H}" in m["converter_command"]
+    x = np.load(tmp_path / m["golden"][0]["input"]["npy"]).astype(np.float64)
+    expected = x
+    for layer in range(3):  # x + mlp(rmsnorm(x) * w), eps from config.json
+        w = stored[f"model.layers.{layer}.post_attention_layernorm.weight"].astype(np.float64)
+        h = expected / np.sqrt(np.mean(expected ** 2, axis=-1, keepdims=True) + 1e-5) * w
+        expected = expected + ref_mlp(h, stored, layer)
+    np.testing.assert_allclose(np.load(tmp_path / m["golden"][0]["output"]["npy"]), expected, atol=1e-5, rtol=1.3e-6)
+    assert m["verification"]["numerics"]["ok"] is True
+
+
+def test_preset_bfloat16(tmp_path):
+    r = cli("export", "--preset", "tiny", "--seed", 3, "--output-dir", tmp_path, "--target", "portable",
+            "--dtype", "bfloat16")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["dtype"] == "bfloat16" and m["verification"]["numerics"]["ok"] is True
+    g = m["golden"][1]
+    bits = np.fromfile(tmp_path / g["output"]["bin"], dtype="<u2").reshape(g["shape"])
+    np.testing.assert_array_equal((bits.astype(np.uint32) << 16).view(np.float32),
+                                  np.load(tmp_path / g["output"]["npy"]))
+
+
+def test_no_clobber_force_and_unrelated_files(ckpt, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    args = ["export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path, "--target", "ascend"]
+    assert cli(*args).returncode == 0
+    before = {f: sha256(tmp_path / f) for f in ("manifest.json", "converter_lite.cfg")}
+    r = cli(*args)
+    assert r.returncode == 2 and "use --force" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert {f: sha256(tmp_path / f) for f in before} == before
+    r = cli(*args, "--force")
+    assert r.returncode == 0, r.stderr
+    assert notes.read_text() == "mine"
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".ms_swiglu-export-")]
+
+
+def test_failed_verification_leaves_nothing(ckpt, tmp_path, monkeypatch):
+    from ms_swiglu.export import exporter
+
+    (tmp_path / "notes.txt").write_text("mine")
+
+    def broken(*_):
+        raise exporter.ExportError("export: expected the reloaded MindIR to match, got an injected failure")
+
+    monkeypatch.setattr(exporter, "_verify_in_fresh_process", broken)
+    req = exporter.ExportRequest(output_dir=str(tmp_path), target="portable", checkpoint=ckpt[0], layers=(0, 0))
+    with pytest.raises(exporter.ExportError, match="injected failure"):
+        exporter.export(req)
+    assert os.listdir(tmp_path) == ["notes.txt"]
+
+
+def test_ascend_target_refuses_a_custom_op(ckpt, tmp_path, monkeypatch):
+    from ms_swiglu.export import exporter
+
+    monkeypatch.setitem(exporter.TARGETS, "ascend", "cpu")  # a graph that would hold the aot Custom op
+    req = exporter.ExportRequest(output_dir=str(tmp_path / "out"), target="ascend", checkpoint=ckpt[0], layers=(0, 0))
+    with pytest.raises(exporter.ExportError, match="expected no Custom op"):
+        exporter.export(req)
+    assert os.listdir(tmp_path) == []
+
+
+def test_killed_export_leaves_no_artifact_and_is_cleaned_next_time(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen(CLI + ["export", "--preset", "small", "--output-dir", str(out), "--target", "portable"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and not [f for f in os.listdir(out) if f.startswith(".ms_swiglu-export-")]:
+        time.sleep(0.05)
+    time.sleep(1.0)  # inside the export: MindIR and golden files are being written into the work folder
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    left = os.listdir(out)
+    assert all(f.startswith(".ms_swiglu-export-") for f in left), left  # no artifact in place
+    r = cli("export", "--preset", "tiny", "--output-dir", out, "--target", "portable")
+    assert r.returncode == 0, r.stderr
+    assert not [f for f in os.listdir(out) if f.startswith(".ms_swiglu-export-")]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--preset", "tiny", "--output-dir", "/proc/ms_swiglu_out"], "expected a writable folder"),
+        (["--preset", "tiny", "--output-dir", "/nonexistent/a/b"], "expected an existing parent folder"),
+        (["--checkpoint", "/nonexistent", "--layer", 0, "--output-dir", "OUT"], "expected a folder"),
+        (["--checkpoint", "CKPT", "--layer", 7, "--output-dir", "OUT"], "expected 0..2 (num_hidden_layers=3), got 7"),
+        (["--checkpoint", "CKPT", "--output-dir", "OUT"], "expected --layer N or --layers A-B"),
+        (["--preset", "tiny", "--static-shape", "2x3", "--output-dir", "OUT"], "expected B,S (two positive integers)"),
+        (["--preset", "gpt-9", "--output-dir", "OUT"], "invalid choice: 'gpt-9'"),
+        (["--preset", "tiny", "--air", "--output-dir", "OUT"], "expected MindSpore running on an Ascend device"),
+    ],
+    ids=["unwritable", "no-parent", "no-checkpoint", "layer", "no-layer", "static-shape", "preset", "air-on-cpu"],
+)
+def test_bad_input_exit_2_one_line(ckpt, tmp_path, args, message):
+    args = [str(tmp_path / "out") if a == "OUT" else ckpt[0] if a == "CKPT" else a for a in args]
+    r = cli("export", *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

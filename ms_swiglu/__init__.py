@@ -12,6 +12,7 @@ _EXPORTS = {
     "ms_swiglu.mlp": ["PackedSwiGLUMLP", "SwiGLUMLP", "load_mlp", "to_packed", "to_unpacked"],
     "ms_swiglu.packing": ["pack_gate_up", "pack_state_dict", "shard_down", "shard_packed", "unpack_gate_up",
                           "unpack_state_dict", "unshard_down", "unshard_packed", "reshard"],
+    "ms_swiglu.moe": ["PackedMoE", "load_moe", "route"],
     "ms_swiglu.ffn": ["FFNBlock", "FFNStack", "RMSNorm", "load_ffn"],
     "ms_swiglu.checkpoint": ["ModelConfig", "CheckpointError", "read_config", "load_dense_layer",
                              "load_moe_layer"],

@@ -84,9 +84,6 @@ def _layers(spec, config):
 def cmd_run(args):
     config = read_config(args.checkpoint)
     config.check_layer(args.layer)
-    if config.is_moe:
-        raise UsageError(f"run: expected a dense model ({', '.join(('llama', 'mistral', 'qwen2', 'qwen3'))}), "
-                         f"got model_type {config.model_type!r}; running Mixtral MoE layers is not built yet")
     x = _read_input(args.input, config.hidden_size) if args.input else None
     out = _output_path(args.output, args.force) if args.output else None
     if x is None:
@@ -95,14 +92,17 @@ def cmd_run(args):
     import mindspore as ms  # noqa: PLC0415 -- after the input checks: importing MindSpore takes seconds
 
     from ms_swiglu.mlp import load_mlp  # noqa: PLC0415
+    from ms_swiglu.moe import load_moe  # noqa: PLC0415
 
     device = ms.get_context("device_target")  # the installed MindSpore's default: Ascend or CPU
     ms.set_device(device)
     ms.set_context(mode=ms.GRAPH_MODE)
-    mlp = load_mlp(args.checkpoint, args.layer, dtype=args.dtype, backend=args.backend)
-    dtype = str(mlp.down_proj.weight.dtype).lower()
-    mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=mlp.down_proj.weight.dtype))
-    xt = ms.Tensor(x).astype(mlp.down_proj.weight.dtype)
+    load = load_moe if config.is_moe else load_mlp
+    mlp = load(args.checkpoint, args.layer, dtype=args.dtype, backend=args.backend)
+    ms_dtype = next(iter(mlp.get_parameters())).dtype
+    dtype = str(ms_dtype).lower()
+    mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=ms_dtype))
+    xt = ms.Tensor(x).astype(ms_dtype)
     y = mlp(xt)  # compiles
     times = []
     for _ in range(args.repeat):
@@ -110,7 +110,8 @@ def cmd_run(args):
         y = mlp(xt)
         times.append((time.perf_counter() - t0) * 1e3)
     y = y.astype(ms.float32).asnumpy()
-    print(f"device {device}, backend {mlp.act.backend}, dtype {dtype}, layer {args.layer} of {config.model_type}, "
+    block = f"MoE {config.num_local_experts} experts top-{config.num_experts_per_tok}" if config.is_moe else "MLP"
+    print(f"device {device}, backend {mlp.act.backend}, dtype {dtype}, {block} layer {args.layer} of {config.model_type}, "
           f"input {list(x.shape)} -> output {list(y.shape)}, latency {statistics.median(times):.3f} ms "
           f"(median of {args.repeat}, min {min(times):.3f})")
     if out:

@@ -17,18 +17,16 @@ Usage: python -m ms_swiglu.tools.bench_swiglu [--rounds 30] [--json FILE]
 """
 import argparse
 import ctypes
-import json
 import os
-import statistics
 import sys
 import threading
-import time
 
 import mindspore as ms
 import numpy as np
 
 from ms_swiglu import SwiGLU
 from ms_swiglu._cpu_kernel import isa, kernel_path
+from ms_swiglu.tools.timing import interleave, write_json
 
 SHAPES = [(1, 22016), (128, 22016), (512, 22016)]
 DTYPES = {"float32": (ms.float32, np.float32, 4), "bfloat16": (ms.bfloat16, np.uint16, 2)}
@@ -99,16 +97,7 @@ def bench_shape(rows, width, dtype, rounds):
         "copy x1": _copy(moved, 1),
         "copy x2": _copy(moved, 2),
     }
-    for call in variants.values():  # compile and warm up
-        for _ in range(3):
-            call()
-    times = {k: [] for k in variants}
-    for _ in range(rounds):
-        for name, call in variants.items():
-            t0 = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - t0)
-    stats = {k: {"min_s": min(v), "median_s": statistics.median(v)} for k, v in times.items()}
+    stats = interleave(variants, rounds)
     for s in stats.values():
         s["gbps_best"] = moved / s["min_s"] / 1e9
         s["gbps_median"] = moved / s["median_s"] / 1e9
@@ -150,10 +139,7 @@ def main(argv=None):
                   f"{r['cpu_fraction_of_ceiling']:8.0%} {r['kernel_fraction_of_ceiling']:9.0%}", flush=True)
     print("cells: best/median GB/s; cpu/comp: speed-up at min/median time")
     if args.json:
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"isa": isa(), "rounds": args.rounds, "results": results}, f, indent=1)
-        os.replace(tmp, args.json)
+        write_json(args.json, {"isa": isa(), "rounds": args.rounds, "results": results})
     return 0
 
 

@@ -1,0 +1,93 @@
+"""Mixtral-style sparse MoE block with packed experts: every expert is a packed SwiGLU MLP and computes only
+the tokens routed to it.
+
+Shape legend: T = tokens, H = hidden_size, I = intermediate_size, E = num_experts, k = top_k, T_e = tokens
+routed to expert e (sum over e of T_e = T * k).
+"""
+import mindspore as ms
+from mindspore import nn, ops
+from mindspore.common import dtype as mstype
+
+from ms_swiglu.activation import SwiGLU
+from ms_swiglu.checkpoint import load_moe_layer, read_config
+from ms_swiglu.config import to_dtype
+from ms_swiglu.mlp import Dense, PackedSwiGLUMLP, cpu_upcast, load_weights
+
+
+_TWO, _ZERO = ms.Tensor(2.0, mstype.float32), ms.Tensor(0.0, mstype.float32)
+
+
+def route(logits, top_k, renormalize=True):
+    """Router: softmax over all experts in float32, top-k, optionally renormalised to sum 1 (Mixtral's rule).
+
+    Ties go to the lower expert index. Shapes: logits [T, E] -> weights [T, k] float32, experts [T, k] int32.
+    """
+    probs = ops.softmax(logits.astype(mstype.float32), -1)  # [T, E]
+    # k argmax passes instead of TopK: argmax returns the first maximum, TopK on the CPU breaks ties arbitrarily
+    remaining, weights, experts = probs, [], []
+    for _ in range(top_k):
+        e = ops.argmax(remaining, -1, keepdim=True)  # [T, 1]
+        experts.append(e)
+        weights.append(ops.gather_elements(probs, 1, e))
+        remaining = remaining - ops.one_hot(e[:, 0], probs.shape[-1], _TWO, _ZERO)  # probs <= 1: drops below 0
+    weights, experts = ops.cat(weights, -1), ops.cat(experts, -1)  # [T, k]
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdims=True)
+    return weights, experts.astype(mstype.int32)
+
+
+class PackedMoE(nn.Cell):
+    """``sum_k w_k * expert_{e_k}(x)`` over the top-k experts of a softmax router; sparse dispatch.
+
+    Every expert is a :class:`PackedSwiGLUMLP` (one packed gate/up GEMM + the fused SwiGLU) and runs only on
+    the tokens routed to it; the weighted results are scatter-added back in float32.
+
+    Shapes:
+        x:                              [T, H]  (any leading dims)
+        router.weight:                  [E, H]
+        experts.{e}.gate_up_proj.weight [2I, H]  rows [gate_e; up_e]
+        experts.{e}.down_proj.weight    [H, I]
+        out:                            [T, H]
+    """
+
+    def __init__(self, hidden_size, intermediate_size, num_experts, top_k, *, dtype=ms.float32, backend="auto",
+                 renormalize=True):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k: expected 1..num_experts ({num_experts}), got {top_k}")
+        dtype = to_dtype(dtype)
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.upcast = cpu_upcast(dtype, backend)
+        self.router = Dense(hidden_size, num_experts, dtype, self.upcast)
+        self.experts = nn.CellList([PackedSwiGLUMLP(hidden_size, intermediate_size, dtype=dtype, backend=backend)
+                                    for _ in range(num_experts)])
+        self.act = self.experts[0].act
+
+    def construct(self, x):
+        shape, dtype = ops.shape(x), x.dtype
+        if self.upcast:
+            x = x.astype(mstype.float32)  # the CPU has no bfloat16 Gather or Reshape
+        x = x.reshape(-1, shape[-1])  # [..., H] -> [T, H]
+        weights, experts = route(self.router(x.astype(dtype)), self.top_k, self.renormalize)  # [T, k] each
+        out = ops.zeros(ops.shape(x), mstype.float32)  # accumulated in float32
+        for e in range(self.num_experts):
+            hit = ops.nonzero(experts == e)  # [T_e, 2]: the (token, slot) pairs routed to expert e
+            tokens = hit[:, 0]
+            y = self.experts[e](ops.gather(x, tokens, 0).astype(dtype))  # [T_e, H] -> [T_e, H]
+            w = ops.gather_nd(weights, hit).reshape(-1, 1)  # [T_e, 1]
+            out = ops.tensor_scatter_add(out, tokens.reshape(-1, 1), y.astype(mstype.float32) * w)
+        return out.reshape(shape).astype(dtype)
+
+
+def load_moe(folder, layer, *, dtype=None, backend="auto", renormalize=True):
+    """The :class:`PackedMoE` of one Mixtral checkpoint layer (w1 -> gate, w3 -> up, packed at load)."""
+    config = read_config(folder)
+    weights, ckpt_dtype = load_moe_layer(folder, layer, config)
+    moe = PackedMoE(config.hidden_size, config.intermediate_size, config.num_local_experts,
+                    config.num_experts_per_tok, dtype=dtype or ckpt_dtype, backend=backend, renormalize=renormalize)
+    state = {"router.weight": weights["router"]}
+    for e in range(config.num_local_experts):
+        state[f"experts.{e}.gate_up_proj.weight"] = weights["gate_up"][e]
+        state[f"experts.{e}.down_proj.weight"] = weights["down"][e]
+    return load_weights(moe, state)

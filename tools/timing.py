@@ -1,0 +1,34 @@
+"""Interleaved timing: every variant once per round, so that the machine's drift (20-40% here) hits all alike."""
+import statistics
+import time
+
+
+def interleave(variants, rounds, warmup=3):
+    """``{name: {"min_s", "median_s", "spread"}}`` for ``{name: callable}``; spread = (p90 - p10) / median."""
+    for call in variants.values():  # compile and warm up
+        for _ in range(warmup):
+            call()
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, call in variants.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    stats = {}
+    for name, ts in times.items():
+        ts = sorted(ts)
+        med = statistics.median(ts)
+        stats[name] = {"min_s": ts[0], "median_s": med,
+                       "spread": (ts[int(0.9 * (len(ts) - 1))] - ts[int(0.1 * (len(ts) - 1))]) / med}
+    return stats
+
+
+def write_json(path, data):
+    """JSON written to a temporary file and renamed into place."""
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)

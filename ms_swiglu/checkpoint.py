@@ -16,7 +16,7 @@ import struct
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from ms_swiglu.packing import pack_gate_up
+from ms_swiglu.packing import check_tp, pack_gate_up
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 MOE_FAMILIES = ("mixtral",)
@@ -117,8 +117,10 @@ class SafetensorsFolder:
             header = json.loads(f.read(size))
         return (8 + size, header), names
 
-    def read(self, name, shape):
-        """One tensor as a NumPy array (bfloat16 -> exact float32) and its dtype name; shape is checked."""
+    def read(self, name, shape, part=None):
+        """One tensor (or the block ``part``, a tuple of slices) as a NumPy array (bfloat16 -> exact float32)
+        and its dtype name; the full shape is checked against ``shape``. Only the block is copied out of the
+        memory-mapped file, so a tensor-parallel rank never holds the whole tensor."""
         if name not in self.weight_map:
             raise CheckpointError(f"checkpoint: expected tensor {name}, found none in {self.folder}")
         path = os.path.join(self.folder, self.weight_map[name])
@@ -129,19 +131,23 @@ class SafetensorsFolder:
         if tuple(meta["shape"]) != tuple(shape):
             raise CheckpointError(f"{name}: expected shape {tuple(shape)} from config.json, "
                                   f"got {tuple(meta['shape'])}")
-        return _read_tensor(path, base, name, meta)
+        return _read_tensor(path, base, name, meta, part)
 
 
-def _read_tensor(path, base, name, meta):
+def _read_tensor(path, base, name, meta, part=None):
     if meta["dtype"] not in _NP:
         raise CheckpointError(f"{name}: expected dtype F32, F16 or BF16, got {meta['dtype']}")
     start, end = meta["data_offsets"]
-    with open(path, "rb") as f:
-        f.seek(base + start)
-        data = np.frombuffer(f.read(end - start), dtype=_NP[meta["dtype"]]).reshape(meta["shape"])
+    dtype = np.dtype(_NP[meta["dtype"]]).newbyteorder("<")
+    if end == start:
+        data = np.zeros(meta["shape"], dtype)
+    else:
+        mapped = np.memmap(path, dtype=dtype, mode="r", offset=base + start, shape=tuple(meta["shape"]))
+        data = np.array(mapped[part] if part is not None else mapped)  # copies the block only
+        del mapped
     if meta["dtype"] == "BF16":
         data = (data.astype(np.uint32) << 16).view(np.float32)
-    return data, _DTYPE_NAMES[meta["dtype"]]
+    return data.astype(data.dtype.newbyteorder("="), copy=False), _DTYPE_NAMES[meta["dtype"]]
 
 
 def read_safetensors(path):
@@ -158,8 +164,16 @@ def _mlp_prefix(layer):
     return f"model.layers.{layer}.mlp."
 
 
-def load_dense_layer(folder, layer, config=None):
-    """``{"gate_up": [2I, H], "down": [H, I]}`` of one dense layer, and the checkpoint's dtype name."""
+def _tp_parts(inter, tp_size, rank):
+    """(row slice of gate/up, column slice of down) of rank `rank`: the block starts at rank * I / p."""
+    check_tp(inter, tp_size, rank)
+    block = slice(rank * (inter // tp_size), (rank + 1) * (inter // tp_size))
+    return (block, slice(None)), (slice(None), block)
+
+
+def load_dense_layer(folder, layer, config=None, tp_size=1, rank=0):
+    """``{"gate_up": [2I/p, H] = [gate_r; up_r], "down": [H, I/p]}`` of one dense layer on rank `rank` of
+    `tp_size` (the whole layer for tp_size 1), and the checkpoint's dtype name."""
     config = config or read_config(folder)
     config.check_layer(layer)
     if config.is_moe:
@@ -167,14 +181,16 @@ def load_dense_layer(folder, layer, config=None):
                               f"got model_type {config.model_type!r}; use load_moe_layer")
     shards, p = SafetensorsFolder(folder), _mlp_prefix(layer)
     hidden, inter = config.hidden_size, config.intermediate_size
-    gate, dtype = shards.read(p + "gate_proj.weight", (inter, hidden))
-    up, _ = shards.read(p + "up_proj.weight", (inter, hidden))
-    down, _ = shards.read(p + "down_proj.weight", (hidden, inter))
+    rows, cols = _tp_parts(inter, tp_size, rank)
+    gate, dtype = shards.read(p + "gate_proj.weight", (inter, hidden), rows)
+    up, _ = shards.read(p + "up_proj.weight", (inter, hidden), rows)
+    down, _ = shards.read(p + "down_proj.weight", (hidden, inter), cols)
     return {"gate_up": pack_gate_up(gate, up), "down": down}, dtype
 
 
-def load_moe_layer(folder, layer, config=None):
-    """``{"router": [E, H], "gate_up": [E, 2I, H], "down": [E, H, I]}`` of one Mixtral layer (w1 gate, w3 up)."""
+def load_moe_layer(folder, layer, config=None, tp_size=1, rank=0):
+    """``{"router": [E, H], "gate_up": [E, 2I/p, H], "down": [E, H, I/p]}`` of one Mixtral layer (w1 gate,
+    w3 up) on rank `rank` of `tp_size`: each expert's intermediate dimension is split like a dense MLP's."""
     config = config or read_config(folder)
     config.check_layer(layer)
     if not config.is_moe:
@@ -182,14 +198,16 @@ def load_moe_layer(folder, layer, config=None):
                               f"got model_type {config.model_type!r}; use load_dense_layer")
     shards, p = SafetensorsFolder(folder), f"model.layers.{layer}.block_sparse_moe."
     hidden, inter, experts = config.hidden_size, config.intermediate_size, config.num_local_experts
+    rows, cols = _tp_parts(inter, tp_size, rank)
     router, dtype = shards.read(p + "gate.weight", (experts, hidden))
-    gate_up = np.empty((experts, 2 * inter, hidden), router.dtype)
-    down = np.empty((experts, hidden, inter), router.dtype)
+    local = inter // tp_size
+    gate_up = np.empty((experts, 2 * local, hidden), router.dtype)
+    down = np.empty((experts, hidden, local), router.dtype)
     for e in range(experts):
-        w1, _ = shards.read(f"{p}experts.{e}.w1.weight", (inter, hidden))
-        w3, _ = shards.read(f"{p}experts.{e}.w3.weight", (inter, hidden))
+        w1, _ = shards.read(f"{p}experts.{e}.w1.weight", (inter, hidden), rows)
+        w3, _ = shards.read(f"{p}experts.{e}.w3.weight", (inter, hidden), rows)
         gate_up[e] = pack_gate_up(w1, w3)
-        down[e], _ = shards.read(f"{p}experts.{e}.w2.weight", (hidden, inter))
+        down[e], _ = shards.read(f"{p}experts.{e}.w2.weight", (hidden, inter), cols)
     return {"router": router, "gate_up": gate_up, "down": down}, dtype
 
 

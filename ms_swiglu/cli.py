@@ -84,11 +84,20 @@ def _layers(spec, config):
 def cmd_run(args):
     config = read_config(args.checkpoint)
     config.check_layer(args.layer)
+    check_tp(config.intermediate_size, args.tp_size)
     x = _read_input(args.input, config.hidden_size) if args.input else None
     out = _output_path(args.output, args.force) if args.output else None
     if x is None:
         x = np.random.default_rng(args.seed).standard_normal((args.tokens, config.hidden_size)).astype(np.float32)
+    if args.tp_size > 1:
+        from ms_swiglu.launch import launch  # noqa: PLC0415
 
+        return launch(args, x, out)
+    return execute(args, config, x, out)
+
+
+def execute(args, config, x, out, rank=0):
+    """Build the layer (this rank's part of it), run it, print the result line and write the output on rank 0."""
     import mindspore as ms  # noqa: PLC0415 -- after the input checks: importing MindSpore takes seconds
 
     from ms_swiglu.mlp import load_mlp  # noqa: PLC0415
@@ -97,10 +106,13 @@ def cmd_run(args):
     device = ms.get_context("device_target")  # the installed MindSpore's default: Ascend or CPU
     ms.set_device(device)
     ms.set_context(mode=ms.GRAPH_MODE)
+    if args.tp_size > 1:
+        from ms_swiglu import parallel  # noqa: PLC0415
+
+        rank = parallel.init(args.tp_size)
     load = load_moe if config.is_moe else load_mlp
-    mlp = load(args.checkpoint, args.layer, dtype=args.dtype, backend=args.backend)
+    mlp = load(args.checkpoint, args.layer, dtype=args.dtype, backend=args.backend, tp_size=args.tp_size, rank=rank)
     ms_dtype = next(iter(mlp.get_parameters())).dtype
-    dtype = str(ms_dtype).lower()
     mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=ms_dtype))
     xt = ms.Tensor(x).astype(ms_dtype)
     y = mlp(xt)  # compiles
@@ -110,13 +122,16 @@ def cmd_run(args):
         y = mlp(xt)
         times.append((time.perf_counter() - t0) * 1e3)
     y = y.astype(ms.float32).asnumpy()
+    if rank != 0:
+        return 0
     block = f"MoE {config.num_local_experts} experts top-{config.num_experts_per_tok}" if config.is_moe else "MLP"
-    print(f"device {device}, backend {mlp.act.backend}, dtype {dtype}, {block} layer {args.layer} of {config.model_type}, "
-          f"input {list(x.shape)} -> output {list(y.shape)}, latency {statistics.median(times):.3f} ms "
-          f"(median of {args.repeat}, min {min(times):.3f})")
+    tp = f", tp {args.tp_size}" if args.tp_size > 1 else ""
+    print(f"device {device}{tp}, backend {mlp.act.backend}, dtype {str(ms_dtype).lower()}, {block} layer {args.layer} "
+          f"of {config.model_type}, input {list(x.shape)} -> output {list(y.shape)}, latency "
+          f"{statistics.median(times):.3f} ms (median of {args.repeat}, min {min(times):.3f})", flush=True)
     if out:
         _save_npy(out, y)
-        print(f"wrote {out}")
+        print(f"wrote {out}", flush=True)
     return 0
 
 
@@ -228,6 +243,9 @@ def build_parser():
     run.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
     run.add_argument("--repeat", type=int, default=3, help="timed calls after the compiling one")
     run.add_argument("--force", action="store_true", help="replace an existing --output")
+    run.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, launched with msrun")
+    run.add_argument("--master-port", type=int, help="msrun's port (default: a free one)")
+    run.add_argument("--log-dir", help="msrun's log folder (default: a new temporary folder)")
     run.set_defaults(func=cmd_run)
 
     conv = sub.add_parser("convert", help="write packed (and tensor-parallel sharded) weights as safetensors")
@@ -265,6 +283,9 @@ def main(argv=None):
     except (UsageError, CheckpointError, ValueError, TypeError, OSError) as exc:
         print(f"ms-swiglu: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # a launched worker failed (ms_swiglu.launch.LaunchError)
+        print(f"ms-swiglu: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("ms-swiglu: interrupted", file=sys.stderr)
         return 130

@@ -10,6 +10,8 @@ from mindspore.common import dtype as mstype
 from ms_swiglu.activation import SwiGLU, resolve_backend
 from ms_swiglu.checkpoint import load_dense_layer, read_config
 from ms_swiglu.config import to_dtype
+from ms_swiglu.packing import check_tp
+from ms_swiglu.parallel import reduce_cell
 from ms_swiglu.packing import pack_state_dict, unpack_state_dict
 
 
@@ -43,24 +45,29 @@ class Dense(nn.Dense):
 class PackedSwiGLUMLP(nn.Cell):
     """``down(SwiGLU(gate_up(x)))`` with ``gate_up_proj`` one Dense of output ``2I``, rows ``[gate; up]``.
 
+    With ``tp_size`` p > 1 this rank holds the column-parallel ``[gate_r; up_r]`` and the row-parallel
+    ``down[:, r]``, and an AllReduce sums the ranks' partial outputs (``ms_swiglu.parallel``).
+
     Shapes:
         x:                   [T, H]
-        gate_up_proj.weight: [2I, H]
-        down_proj.weight:    [H, I]
+        gate_up_proj.weight: [2I/p, H]
+        down_proj.weight:    [H, I/p]
         out:                 [T, H]
     """
 
-    def __init__(self, hidden_size, intermediate_size, *, dtype=ms.float32, backend="auto"):
+    def __init__(self, hidden_size, intermediate_size, *, dtype=ms.float32, backend="auto", tp_size=1):
         super().__init__()
         dtype = to_dtype(dtype)
-        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
-        upcast = cpu_upcast(dtype, backend)
-        self.gate_up_proj = Dense(hidden_size, 2 * intermediate_size, dtype, upcast)
+        check_tp(intermediate_size, tp_size)
+        self.hidden_size, self.intermediate_size, self.tp_size = hidden_size, intermediate_size, tp_size
+        local, upcast = intermediate_size // tp_size, cpu_upcast(dtype, backend)
+        self.gate_up_proj = Dense(hidden_size, 2 * local, dtype, upcast)
         self.act = SwiGLU(backend)
-        self.down_proj = Dense(intermediate_size, hidden_size, dtype, upcast)
+        self.down_proj = Dense(local, hidden_size, dtype, upcast)
+        self.reduce = reduce_cell(tp_size)
 
     def construct(self, x):
-        return self.down_proj(self.act(self.gate_up_proj(x)))  # [T, H] -> [T, 2I] -> [T, I] -> [T, H]
+        return self.reduce(self.down_proj(self.act(self.gate_up_proj(x))))  # [T, H] -> [T, 2I/p] -> [T, I/p] -> [T, H]
 
 
 class SwiGLUMLP(nn.Cell):
@@ -119,12 +126,14 @@ def to_unpacked(packed):
     return load_weights(mlp, unpack_state_dict(_weights(packed)))
 
 
-def load_mlp(folder, layer, *, dtype=None, backend="auto"):
-    """The :class:`PackedSwiGLUMLP` of one layer of a HuggingFace checkpoint folder, packed at load.
+def load_mlp(folder, layer, *, dtype=None, backend="auto", tp_size=1, rank=0):
+    """The :class:`PackedSwiGLUMLP` of one layer of a HuggingFace checkpoint folder, packed at load; with
+    ``tp_size`` > 1, rank ``rank``'s part, read as such from the checkpoint.
 
     ``dtype``: the compute dtype; ``None`` keeps the checkpoint's.
     """
     config = read_config(folder)
-    weights, ckpt_dtype = load_dense_layer(folder, layer, config)
-    mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype or ckpt_dtype, backend=backend)
+    weights, ckpt_dtype = load_dense_layer(folder, layer, config, tp_size, rank)
+    mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype or ckpt_dtype, backend=backend,
+                          tp_size=tp_size)
     return load_weights(mlp, {"gate_up_proj.weight": weights["gate_up"], "down_proj.weight": weights["down"]})

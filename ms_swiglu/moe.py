@@ -12,6 +12,8 @@ from ms_swiglu.activation import SwiGLU
 from ms_swiglu.checkpoint import load_moe_layer, read_config
 from ms_swiglu.config import to_dtype
 from ms_swiglu.mlp import Dense, PackedSwiGLUMLP, cpu_upcast, load_weights
+from ms_swiglu.packing import check_tp
+from ms_swiglu.parallel import reduce_cell
 
 
 _TWO, _ZERO = ms.Tensor(2.0, mstype.float32), ms.Tensor(0.0, mstype.float32)
@@ -40,29 +42,32 @@ class PackedMoE(nn.Cell):
     """``sum_k w_k * expert_{e_k}(x)`` over the top-k experts of a softmax router; sparse dispatch.
 
     Every expert is a :class:`PackedSwiGLUMLP` (one packed gate/up GEMM + the fused SwiGLU) and runs only on
-    the tokens routed to it; the weighted results are scatter-added back in float32.
+    the tokens routed to it; the weighted results are scatter-added back in float32. With ``tp_size`` p > 1
+    every expert holds its rank's ``[gate_e,r; up_e,r]`` and ``down_e[:, r]``, and one AllReduce sums the block.
 
     Shapes:
         x:                              [T, H]  (any leading dims)
-        router.weight:                  [E, H]
-        experts.{e}.gate_up_proj.weight [2I, H]  rows [gate_e; up_e]
-        experts.{e}.down_proj.weight    [H, I]
+        router.weight:                  [E, H]  (replicated)
+        experts.{e}.gate_up_proj.weight [2I/p, H]  rows [gate_e; up_e]
+        experts.{e}.down_proj.weight    [H, I/p]
         out:                            [T, H]
     """
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, *, dtype=ms.float32, backend="auto",
-                 renormalize=True):
+                 renormalize=True, tp_size=1):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k: expected 1..num_experts ({num_experts}), got {top_k}")
+        check_tp(intermediate_size, tp_size)
         dtype = to_dtype(dtype)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.upcast = cpu_upcast(dtype, backend)
         self.router = Dense(hidden_size, num_experts, dtype, self.upcast)
-        self.experts = nn.CellList([PackedSwiGLUMLP(hidden_size, intermediate_size, dtype=dtype, backend=backend)
-                                    for _ in range(num_experts)])
+        self.experts = nn.CellList([PackedSwiGLUMLP(hidden_size, intermediate_size // tp_size, dtype=dtype,
+                                                    backend=backend) for _ in range(num_experts)])
         self.act = self.experts[0].act
+        self.reduce = reduce_cell(tp_size)
 
     def construct(self, x):
         shape, dtype = ops.shape(x), x.dtype
@@ -77,15 +82,17 @@ class PackedMoE(nn.Cell):
             y = self.experts[e](ops.gather(x, tokens, 0).astype(dtype))  # [T_e, H] -> [T_e, H]
             w = ops.gather_nd(weights, hit).reshape(-1, 1)  # [T_e, 1]
             out = ops.tensor_scatter_add(out, tokens.reshape(-1, 1), y.astype(mstype.float32) * w)
-        return out.reshape(shape).astype(dtype)
+        return self.reduce(out).reshape(shape).astype(dtype)
 
 
-def load_moe(folder, layer, *, dtype=None, backend="auto", renormalize=True):
-    """The :class:`PackedMoE` of one Mixtral checkpoint layer (w1 -> gate, w3 -> up, packed at load)."""
+def load_moe(folder, layer, *, dtype=None, backend="auto", renormalize=True, tp_size=1, rank=0):
+    """The :class:`PackedMoE` of one Mixtral checkpoint layer (w1 -> gate, w3 -> up, packed at load); with
+    ``tp_size`` > 1, rank ``rank``'s part of every expert, read as such from the checkpoint."""
     config = read_config(folder)
-    weights, ckpt_dtype = load_moe_layer(folder, layer, config)
+    weights, ckpt_dtype = load_moe_layer(folder, layer, config, tp_size, rank)
     moe = PackedMoE(config.hidden_size, config.intermediate_size, config.num_local_experts,
-                    config.num_experts_per_tok, dtype=dtype or ckpt_dtype, backend=backend, renormalize=renormalize)
+                    config.num_experts_per_tok, dtype=dtype or ckpt_dtype, backend=backend, renormalize=renormalize,
+                    tp_size=tp_size)
     state = {"router.weight": weights["router"]}
     for e in range(config.num_local_experts):
         state[f"experts.{e}.gate_up_proj.weight"] = weights["gate_up"][e]

@@ -1,0 +1,129 @@
+"""``ms-swiglu run --tp-size K``: K worker processes through MindSpore's launcher, msrun.
+
+The parent checks everything first (config, layer, tp size, input, output, msrun, the port), writes the input
+to the work folder, starts msrun in its own process group, and relays rank 0's result line. Whatever happens
+(success, a failed worker, Ctrl-C) the whole group is ended before it returns. A failed worker is reported as
+one line with the path of its log; the logs are kept then, and removed after a success.
+"""
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tp_worker.py")
+
+
+class LaunchError(RuntimeError):
+    """A worker or msrun failed (exit status 1, not a usage error)."""
+
+
+def _free_port(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port or 0))
+        except OSError:
+            raise ValueError(f"--master-port: expected a free port, got {port} (in use)") from None
+        return s.getsockname()[1]
+
+
+def _marked(marker):
+    """PIDs of the processes whose command line holds `marker` (the job's work folder)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def _end_job(proc, marker):
+    """End msrun's process group and every process of the job: msrun starts the scheduler and the workers in
+    sessions of their own, so they are found by the work folder in their command line."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        for pid in _marked(marker):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        for _ in range(50):
+            if proc.poll() is not None and not _marked(marker):
+                return
+            time.sleep(0.1)
+
+
+def _failed_worker(log_dir):
+    """(rank, log path, last error line) of the first worker whose log holds a traceback or an error."""
+    for path in sorted(glob.glob(os.path.join(log_dir, "worker_*.log"))):
+        with open(path, errors="replace") as f:
+            lines = [line.rstrip() for line in f if not line.startswith("[WARNING")]
+        errors = [line for line in lines if "Error" in line or "error:" in line]
+        if any(line.startswith("Traceback") for line in lines) or errors:
+            rank = os.path.basename(path)[len("worker_"):-len(".log")]
+            return rank, path, (errors[-1] if errors else lines[-1] if lines else "")
+    return None
+
+
+def launch(args, x, out):
+    bin_dir = os.path.dirname(sys.executable)
+    path = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    msrun = shutil.which("msrun", path=path)
+    if msrun is None:
+        raise ValueError("msrun: expected MindSpore's launcher on PATH (it comes with mindspore), found none")
+    port = _free_port(args.master_port)
+    work = tempfile.mkdtemp(prefix="ms-swiglu-tp-")
+    log_dir = os.path.abspath(args.log_dir) if args.log_dir else os.path.join(work, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    np.save(os.path.join(work, "input.npy"), x)
+    worker_args = ["--checkpoint", os.path.abspath(args.checkpoint), "--layer", str(args.layer),
+                   "--input", os.path.join(work, "input.npy"), "--backend", args.backend, "--repeat", str(args.repeat),
+                   "--tp-size", str(args.tp_size), "--force"]
+    if out:
+        worker_args += ["--output", out]
+    if args.dtype:
+        worker_args += ["--dtype", args.dtype]
+    cmd = [msrun, f"--worker_num={args.tp_size}", f"--local_worker_num={args.tp_size}", f"--master_port={port}",
+           f"--log_dir={log_dir}", "--join=True", WORKER, *worker_args]
+    env = dict(os.environ, PATH=path)  # msrun starts `python` from PATH: this interpreter's
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=env)
+    ok = False
+    try:
+        failed = None
+        while proc.poll() is None and failed is None:  # a failed rank ends the job at once, not at msrun's pace
+            try:
+                proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                failed = _failed_worker(log_dir)
+        status = proc.returncode if proc.returncode is not None else 1
+        failed = failed or _failed_worker(log_dir)
+        if status != 0 or failed:
+            if failed:
+                rank, log, line = failed
+                raise LaunchError(f"worker {rank} failed: {line.strip()[:300]} (log: {log})")
+            raise LaunchError(f"msrun exited with status {status} (logs: {log_dir})")
+        with open(os.path.join(log_dir, "worker_0.log"), errors="replace") as f:
+            for line in f:
+                if line.startswith(("device ", "wrote ")):
+                    print(line.rstrip())
+        ok = True
+        return 0
+    finally:
+        _end_job(proc, work)
+        if ok:
+            shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,135 @@
+"""Tensor parallelism: rank-local weights read from the checkpoint, and real msrun jobs of 2 (and 4) CPU ranks."""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ms_swiglu import cli, load_dense_layer, load_mlp, load_moe_layer, shard_down, shard_packed
+from hf_checkpoint import make_checkpoint
+
+H, I, E = 32, 48, 4
+CLI = [os.path.join(os.path.dirname(sys.executable), "ms-swiglu")]
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tp_dense")
+    return str(folder), make_checkpoint(folder, hidden=H, inter=I, layers=2, seed=21)
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tp_moe")
+    return str(folder), make_checkpoint(folder, model_type="mixtral", hidden=H, inter=I, experts=E, layers=1, seed=22)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_each_rank_reads_its_own_gate_and_up_slices(dense, tp):
+    folder, stored = dense
+    p = "model.layers.1.mlp."
+    gate, up, down = stored[p + "gate_proj.weight"], stored[p + "up_proj.weight"], stored[p + "down_proj.weight"]
+    full, _ = load_dense_layer(folder, 1)
+    blk = I // tp
+    for rank in range(tp):
+        local, _ = load_dense_layer(folder, 1, tp_size=tp, rank=rank)
+        want = np.concatenate([gate[rank * blk:(rank + 1) * blk], up[rank * blk:(rank + 1) * blk]])
+        np.testing.assert_array_equal(local["gate_up"], want)  # [gate_r; up_r]: not half of gate, not rank 0's
+        np.testing.assert_array_equal(local["gate_up"], shard_packed(full["gate_up"], tp, rank))
+        np.testing.assert_array_equal(local["down"], down[:, rank * blk:(rank + 1) * blk])
+        np.testing.assert_array_equal(local["down"], shard_down(full["down"], tp, rank))
+    mlp = load_mlp(folder, 1, tp_size=tp, rank=tp - 1, backend="composite")
+    assert tuple(mlp.gate_up_proj.weight.shape) == (2 * I // tp, H) and tuple(mlp.down_proj.weight.shape) == (H, I // tp)
+
+
+def test_each_rank_reads_its_own_expert_slices(mixtral):
+    folder, stored = mixtral
+    full, _ = load_moe_layer(folder, 0)
+    for rank in range(2):
+        local, _ = load_moe_layer(folder, 0, tp_size=2, rank=rank)
+        np.testing.assert_array_equal(local["router"], full["router"])
+        for e in range(E):
+            np.testing.assert_array_equal(local["gate_up"][e], shard_packed(full["gate_up"][e], 2, rank))
+            np.testing.assert_array_equal(local["down"][e], shard_down(full["down"][e], 2, rank))
+            w1 = stored[f"model.layers.0.block_sparse_moe.experts.{e}.w1.weight"]
+            np.testing.assert_array_equal(local["gate_up"][e][: I // 2], w1[rank * I // 2:(rank + 1) * I // 2])
+
+
+def _run(folder, x_path, out, *extra, env=None):
+    return subprocess.run(CLI + ["run", "--checkpoint", folder, "--layer", "0", "--input", str(x_path),
+                                 "--output", str(out), "--dtype", "float32", *map(str, extra)],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.mark.parametrize("kind, tp", [("dense", 2), ("moe", 2), ("dense", 4)])
+def test_msrun_ranks_equal_one_process(dense, mixtral, tmp_path, kind, tp):
+    folder = (dense if kind == "dense" else mixtral)[0]
+    x = np.random.default_rng(tp).standard_normal((3, 5, H)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    one = _run(folder, tmp_path / "x.npy", tmp_path / "y1.npy")
+    assert one.returncode == 0, one.stderr
+    many = _run(folder, tmp_path / "x.npy", tmp_path / "yp.npy", "--tp-size", tp)
+    assert many.returncode == 0, many.stderr
+    assert f"tp {tp}" in many.stdout
+    np.testing.assert_allclose(np.load(tmp_path / "yp.npy"), np.load(tmp_path / "y1.npy"), atol=1e-5, rtol=1.3e-6)
+    assert not _job_processes()
+
+
+def _job_processes():
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "_tp_worker.py" in line or "msrun" in line]
+
+
+def test_a_crashed_worker_is_reported_and_nothing_is_left(dense, tmp_path):
+    x = np.ones((2, H), np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = _run(dense[0], tmp_path / "x.npy", tmp_path / "y.npy", "--tp-size", 2,
+             env=dict(os.environ, MS_SWIGLU_FAIL_RANK="1"))
+    assert r.returncode == 1
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "worker 1 failed" in lines[0] and "injected failure" in lines[0], r.stderr
+    log = re.search(r"\(log: (.*)\)$", lines[0]).group(1)
+    assert os.path.exists(log)
+    assert not _job_processes()
+    assert not (tmp_path / "y.npy").exists()
+
+
+def test_ctrl_c_ends_every_worker(dense, tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((2, H), np.float32))
+    proc = subprocess.Popen(CLI + ["run", "--checkpoint", dense[0], "--layer", "0", "--input", str(tmp_path / "x.npy"),
+                                   "--tp-size", "2"], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, MS_SWIGLU_FAIL_RANK="9"))  # no rank 9: both ranks wait
+    deadline = time.time() + 120
+    while time.time() < deadline and len([p for p in _job_processes() if "_tp_worker.py" in p]) < 2:
+        time.sleep(0.2)
+    assert len([p for p in _job_processes() if "_tp_worker.py" in p]) >= 2
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert not _job_processes()
+
+
+def test_tp_size_not_dividing_is_rejected_before_any_worker(dense, tmp_path, capsys):
+    r = _run(dense[0], "", tmp_path / "y.npy", "--tp-size", 5)
+    assert r.returncode == 2 and "expected a positive divisor of intermediate_size 48, got 5" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_port_in_use_and_missing_msrun(dense, tmp_path, capsys, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert cli.main(["run", "--checkpoint", dense[0], "--layer", "0", "--tp-size", "2",
+                         "--master-port", str(port)]) == 2
+    assert f"--master-port: expected a free port, got {port} (in use)" in capsys.readouterr().err
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda *a, **k: None)
+    assert cli.main(["run", "--checkpoint", dense[0], "--layer", "0", "--tp-size", "2"]) == 2
+    assert "msrun: expected MindSpore's launcher on PATH" in capsys.readouterr().err

@@ -21,7 +21,13 @@ def _lib():
     lib = ctypes.CDLL(kernel_path())
     lib.msw_isa.restype = ctypes.c_char_p
     lib.msw_set_isa.argtypes = [ctypes.c_char_p]
+    lib.msw_launches.restype = ctypes.c_int64
     return lib
+
+
+def launches():
+    """``{"forward": n, "backward": m}``: how often this process has run the kernels (all threads)."""
+    return {"forward": _lib().msw_launches(0), "backward": _lib().msw_launches(1)}
 
 
 def isa():

@@ -65,9 +65,9 @@ def _reg_info(name, n_inputs):
     return reg.target("CPU").get_op_info()
 
 
-@functools.cache
 def _cpu_op():
-    """The aot Custom op; output shape and dtype come from SwigluFwdInferShape/InferType in the .so."""
+    """The aot Custom op (one per Cell, so that it can be marked for recompute on its own); output shape and
+    dtype come from SwigluFwdInferShape/InferType in the .so."""
     so = kernel_path()
     bwd = ops.Custom(f"{so}:SwigluBwd", out_shape=None, out_dtype=None, func_type="aot",
                      reg_info=_reg_info("SwigluBwd", 2))
@@ -105,7 +105,6 @@ def _akg_bwd(x, dy):
     return dx
 
 
-@functools.cache
 def _akg_op():
     bwd = ops.Custom(_akg_bwd, out_shape=lambda x, dy: x, out_dtype=lambda x, dy: x, func_type="hybrid")
 

@@ -271,10 +271,17 @@ def build_parser():
     exp.add_argument("--force", action="store_true", help="replace an earlier export in --output-dir")
     exp.add_argument("--air", action="store_true", help="AIR for ATC instead of MindIR (Ascend hosts only)")
     exp.set_defaults(func=cmd_export)
+
+    sub.add_parser("bench", add_help=False, help="MLP variants against the machine's ceilings (see --help)")
     return parser
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its own parser: ms_swiglu.tools.bench_mlp
+        from ms_swiglu.tools.bench_mlp import main as bench_main  # noqa: PLC0415
+
+        return bench_main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "tokens", 1) < 1:

@@ -180,3 +180,19 @@ def test_property_random_shapes_and_values(rows, inter, dtype, scale, seed):
     assert_close(net(x), expected, dtype, "forward")
     if rows:
         assert_close(grad(x, dy), ref_swiglu_grad(x64, dy64), dtype, "backward")
+
+
+def test_launch_counter_sees_each_kernel_run():
+    """msw_launches counts the .so's own launches: one forward per call, one fused backward per gradient."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = SwiGLU("cpu")
+    x, _, dy, _ = _inputs((3, 8), "float32", seed=9)
+    net(x).asnumpy()
+    Grad(net)(x, dy).asnumpy()
+    before = _cpu_kernel.launches()
+    net(x).asnumpy()
+    after_fwd = _cpu_kernel.launches()
+    Grad(net)(x, dy).asnumpy()
+    after_bwd = _cpu_kernel.launches()
+    assert after_fwd["forward"] - before["forward"] == 1 and after_fwd["backward"] == before["backward"]
+    assert after_bwd["backward"] - after_fwd["backward"] == 1

@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -115,6 +116,7 @@ int best_isa() {
 
 const int kBestIsa = best_isa();
 int g_isa = kBestIsa;
+std::atomic<int64_t> g_launches[2];  // SwigluFwd, SwigluBwd: lets tests see what a compiled graph runs
 
 int dtype_index(const char *dtype) {
   const std::string d(dtype);
@@ -140,6 +142,7 @@ extern "C" {
 
 // Introspection for tests and benchmarks (ctypes): the ISA in use, and a way to force a lower one.
 const char *msw_isa() { return kIsaNames[g_isa]; }
+int64_t msw_launches(int which) { return which == 0 || which == 1 ? g_launches[which].load() : -1; }
 int msw_set_isa(const char *name) {
   for (int i = 0; i < 3; ++i) {
     if (name == std::string(kIsaNames[i])) {
@@ -153,6 +156,7 @@ int msw_set_isa(const char *name) {
 
 int SwigluFwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
   if (nparam != 2) return 1;
+  ++g_launches[0];
   const int d = dtype_index(dtypes[0]);
   if (d < 0 || std::string(dtypes[0]) != dtypes[1]) return 2;
   int64_t rows, inter;
@@ -172,6 +176,7 @@ TypeId SwigluFwdInferType(std::vector<TypeId> type_ids, AotExtra *) { return typ
 
 int SwigluBwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
   if (nparam != 3) return 1;
+  ++g_launches[1];
   const int d = dtype_index(dtypes[0]);
   if (d < 0 || std::string(dtypes[0]) != dtypes[1] || std::string(dtypes[0]) != dtypes[2]) return 2;
   int64_t rows, inter;

@@ -1,0 +1,28 @@
+"""`ms-swiglu bench` end to end on a tiny shape: every field of the report, the JSON and the plot."""
+import json
+import os
+import subprocess
+import sys
+
+CLI = [os.path.join(os.path.dirname(sys.executable), "ms-swiglu")]
+
+
+def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path):
+    r = subprocess.run(CLI + ["bench", "--preset", "tiny", "--tokens", "1", "4", "--rounds", "2", "--memory",
+                              "--jit", "O0", "O1", "--json", str(tmp_path / "b.json"), "--plot",
+                              str(tmp_path / "b.png")], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["read_gbps"] > 0 and data["rw_gbps"] > 0
+    assert [c["tokens"] for c in data["results"]] == [1, 4]
+    for cell in data["results"]:
+        assert set(cell["gemm_ceiling_gflops"]) == {"mindspore", "numpy"}
+        assert len(cell["variants"]) == 8  # 4 variants x (O0, O1)
+        for key, e in cell["variants"].items():
+            assert e["median_s"] > 0 and e["gflops"] > 0 and e["activation_bytes"] > 0
+            assert ("peak_added_bytes" in e) == key.endswith("/O0")
+            assert ("weight_gbps" in e) == (cell["tokens"] == 1)
+    fused, base = (data["results"][1]["variants"][k]["activation_bytes"] for k in ("packed-cpu/O0", "baseline/O0"))
+    assert fused < base
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "GEMM ceiling" in r.stdout and "bench [" in r.stderr

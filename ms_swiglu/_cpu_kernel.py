@@ -22,7 +22,20 @@ def _lib():
     lib.msw_isa.restype = ctypes.c_char_p
     lib.msw_set_isa.argtypes = [ctypes.c_char_p]
     lib.msw_launches.restype = ctypes.c_int64
+    lib.msw_read.restype = ctypes.c_double
+    lib.msw_read.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.msw_add.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
+
+
+def read_sum(x):
+    """Sum of a contiguous float32 array by the kernel's parallel streaming read (a bandwidth probe)."""
+    return _lib().msw_read(x.ctypes.data, x.size)
+
+
+def add(a, b, out):
+    """out = a + b over contiguous float32 arrays, in parallel (a 2-read-1-write bandwidth probe)."""
+    _lib().msw_add(a.ctypes.data, b.ctypes.data, out.ctypes.data, out.size)
 
 
 def launches():

@@ -26,3 +26,16 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
     assert fused < base
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "GEMM ceiling" in r.stdout and "bench [" in r.stderr
+
+
+def test_bandwidth_probes_compute_what_they_read():
+    import numpy as np
+
+    from ms_swiglu._cpu_kernel import add, read_sum
+
+    x = np.random.default_rng(0).integers(-4, 5, 3 * 4096 + 77).astype(np.float32)
+    assert read_sum(x) == float(x.astype(np.float64).sum())
+    a, b = x[:5000].copy(), x[5000:10000].copy()
+    c = np.empty_like(a)
+    add(a, b, c)
+    np.testing.assert_array_equal(c, a + b)

@@ -154,6 +154,25 @@ int msw_set_isa(const char *name) {
   return -1;
 }
 
+// Bandwidth probes for the benchmarks' ceilings: a parallel streaming read (sum) and a 2-read-1-write add.
+double msw_read(const float *x, int64_t n) {
+  double total = 0.0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+  for (int64_t b = 0; b < n / 4096; ++b) {  // 4096-float blocks, 16 independent sums each (vectorised)
+    float acc[16] = {0};
+    for (int64_t i = b * 4096; i < (b + 1) * 4096; i += 16)
+      for (int j = 0; j < 16; ++j) acc[j] += x[i + j];
+    for (float a : acc) total += a;
+  }
+  for (int64_t i = n / 4096 * 4096; i < n; ++i) total += x[i];
+  return total;
+}
+
+void msw_add(const float *a, const float *b, float *c, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) c[i] = a[i] + b[i];
+}
+
 int SwigluFwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
   if (nparam != 2) return 1;
   ++g_launches[0];

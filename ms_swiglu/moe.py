@@ -8,7 +8,6 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
-from ms_swiglu.activation import SwiGLU
 from ms_swiglu.checkpoint import load_moe_layer, read_config
 from ms_swiglu.config import to_dtype
 from ms_swiglu.mlp import Dense, PackedSwiGLUMLP, cpu_upcast, load_weights

@@ -2,6 +2,7 @@
 import mindspore as ms
 import numpy as np
 import pytest
+from mindspore import nn
 
 ms.set_device("CPU")
 
@@ -59,3 +60,14 @@ def assert_close(actual, expected, dtype, what=""):
     a = to_f64(actual) if isinstance(actual, ms.Tensor) else np.asarray(actual, np.float64)
     assert a.shape == expected.shape, f"{what}: shape {a.shape} != expected {expected.shape}"
     np.testing.assert_allclose(a, expected, atol=atol, rtol=rtol, equal_nan=True, err_msg=what)
+
+
+class LossCell(nn.Cell):
+    """sum(net(x) * dy): its gradient is the vector-Jacobian product of net with dy."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def construct(self, x, dy):
+        return (self.net(x) * dy).sum()

@@ -2,12 +2,11 @@
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import nn, ops
 
 from ms_swiglu import (PackedSwiGLUMLP, SwiGLUMLP, pack_gate_up, pack_state_dict, to_packed, to_unpacked,
                        unpack_gate_up, unpack_state_dict)
 from ms_swiglu.export import op_types
-from conftest import DTYPES, assert_close, ref_swiglu, to_f64, to_tensor
+from conftest import DTYPES, LossCell, assert_close, ref_swiglu, to_f64, to_tensor
 
 H, I = 32, 48
 
@@ -117,22 +116,13 @@ def test_graph_kernel_fusion_jit_level_o1(backend):
     assert_close(packed(x), ref_mlp(x64, *_weights64(base)), "float32", f"O1 {backend}")
 
 
-class _Loss(nn.Cell):
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-
-    def construct(self, x, dy):
-        return (self.net(x) * dy).sum()
-
-
 def test_mlp_gradients_match_composite(mode):
     base = _baseline(seed=4)
     x, _ = to_tensor(np.random.default_rng(4).standard_normal((3, 5, H)), "float32")
     dy, _ = to_tensor(np.random.default_rng(5).standard_normal((3, 5, H)), "float32")
     grads = {}
     for backend in ("cpu", "akg", "composite"):
-        net = _Loss(to_packed(base, backend=backend))
+        net = LossCell(to_packed(base, backend=backend))
         gx, gw = ms.value_and_grad(net, grad_position=0, weights=net.trainable_params())(x, dy)[1]
         grads[backend] = [gx.asnumpy()] + [g.asnumpy() for g in gw]
     for backend in ("cpu", "akg"):

@@ -19,7 +19,6 @@ Usage: ms-swiglu bench [--preset llama-7b] [--tokens 1 16 128 512] [--dtype floa
                        [--variants ...] [--rounds 7] [--memory] [--json F] [--plot F.png]
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import time
 import numpy as np
 
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
-from ms_swiglu.tools.timing import interleave, write_json
+from ms_swiglu.tools.timing import interleave, proc_status, reset_peak_memory, write_json
 
 VARIANTS = ("baseline", "packed-composite", "packed-cpu", "packed-akg")
 SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -125,19 +124,11 @@ def memory_probe(variant, hidden, inter, dtype, n):
     if variant != "packed-akg":
         net(x1)
     x = xn  # built before the reset: the input is not an activation
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets the peak resident size (VmHWM)
-    rss0 = _status("VmRSS")
+    rss0 = reset_peak_memory()
     net(x)
-    return _status("VmHWM") - rss0
+    return proc_status("VmHWM") - rss0
 
 
-def _status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status: expected {key}, found none")
 
 
 def _memory(variant, hidden, inter, dtype, n):

@@ -32,3 +32,19 @@ def write_json(path, data):
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
     os.replace(tmp, path)
+
+
+def reset_peak_memory():
+    """Reset this process's peak resident size (VmHWM) and return the resident size now (bytes)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return proc_status("VmRSS")
+
+
+def proc_status(key):
+    """A size field of /proc/self/status (VmRSS, VmHWM, ...) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status: expected {key}, found none")

@@ -9,11 +9,11 @@ CLI = [os.path.join(os.path.dirname(sys.executable), "ms-swiglu")]
 
 def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path):
     r = subprocess.run(CLI + ["bench", "--preset", "tiny", "--tokens", "1", "4", "--rounds", "2", "--memory",
-                              "--jit", "O0", "O1", "--json", str(tmp_path / "b.json"), "--plot",
+                              "--layers", "2", "--jit", "O0", "O1", "--json", str(tmp_path / "b.json"), "--plot",
                               str(tmp_path / "b.png")], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads((tmp_path / "b.json").read_text())
-    assert data["read_gbps"] > 0 and data["rw_gbps"] > 0
+    assert data["read_gbps"] > 0 and data["rw_gbps"] > 0 and data["args"]["layers"] == 2
     assert [c["tokens"] for c in data["results"]] == [1, 4]
     for cell in data["results"]:
         assert set(cell["gemm_ceiling_gflops"]) == {"mindspore", "numpy"}

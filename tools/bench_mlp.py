@@ -11,6 +11,9 @@ same size; the faster one), the read bandwidth (a sum over 512 MiB) and the 2-re
 of two 256 MiB arrays), each by NumPy in 1 and 2 threads and by the package's OpenMP probes in the .so
 (NumPy's reductions hold the GIL, so its 2-thread read is no faster), the best kept.
 
+With --layers L every call runs L MLPs with distinct weights, so that the weights do not sit in the L3 cache
+between calls (a repeated single layer partly does: this machine has a 300 MiB L3).
+
 Per cell: median, min and spread (p90-p10 over median) of the latency; GFLOP/s (6*N*H*I per call); for N=1 the
 GB/s of weight bytes read; the fraction of the GEMM ceiling (N >= 16) or of the read bandwidth (N=1); with
 --memory, the peak resident memory the call adds (each variant in its own process) and the activation bytes.
@@ -45,14 +48,20 @@ def activation_bytes(variant, n, hidden, inter, dtype):
     return 2 * n * inter * s + n * inter * s + n * hidden * s  # fused: gate_up, activation, out
 
 
-def _build(variant, hidden, inter, dtype, jit, seed=0):
+def _build(variant, hidden, inter, dtype, jit, layers=1):
+    """The variant as a chain of `layers` MLPs with distinct weights (layers > 1: weights larger than the
+    L3 cache, as in a real model, where no layer's weights are still cached when it runs again)."""
     import mindspore as ms  # noqa: PLC0415
+    from mindspore import nn  # noqa: PLC0415
 
     from ms_swiglu import SwiGLUMLP, to_packed  # noqa: PLC0415
 
-    ms.set_seed(seed)
-    base = SwiGLUMLP(hidden, inter, dtype=dtype)
-    net = base if variant == "baseline" else to_packed(base, backend=variant.split("-", 1)[1])
+    mlps = []
+    for seed in range(layers):
+        ms.set_seed(seed)
+        base = SwiGLUMLP(hidden, inter, dtype=dtype)
+        mlps.append(base if variant == "baseline" else to_packed(base, backend=variant.split("-", 1)[1]))
+    net = mlps[0] if layers == 1 else nn.SequentialCell(mlps)
     if jit == "O1":
         net.set_jit_config(ms.JitConfig(jit_level="O1"))
     if variant != "packed-akg":
@@ -159,15 +168,16 @@ def run(args):
     for preset in args.preset:
         hidden, inter = PRESETS[preset]
         for dtype in args.dtype:
-            nets = {(v, j): _build(v, hidden, inter, dtype, j) for v in args.variants for j in args.jit}
+            nets = {(v, j): _build(v, hidden, inter, dtype, j, args.layers) for v in args.variants
+                    for j in args.jit}
             for n in args.tokens:
                 ceil = gemm_ceiling(n, hidden, inter, args.rounds)
                 x = ms.Tensor(np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)).astype(
                     getattr(ms, dtype))
                 stats = interleave({f"{v}/{j}": (lambda net=net: net(x)) for (v, j), net in nets.items()},
                                    args.rounds)
-                flops = 6 * n * hidden * inter
-                weight_bytes = 3 * hidden * inter * SIZE[dtype]
+                flops = 6 * n * hidden * inter * args.layers
+                weight_bytes = 3 * hidden * inter * SIZE[dtype] * args.layers
                 best_gemm = max(ceil.values())
                 cell = {"preset": preset, "dtype": dtype, "tokens": n, "hidden": hidden, "inter": inter,
                         "gemm_ceiling_gflops": ceil, "read_gbps": read_bw, "rw_gbps": rw_bw, "variants": {}}
@@ -248,6 +258,8 @@ def main(argv=None):
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--jit", nargs="+", default=["O0"], choices=("O0", "O1"))
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--layers", type=int, default=1,
+                        help="chain this many MLPs with distinct weights per call (> 1: cold caches, as in a model)")
     parser.add_argument("--memory", action="store_true", help="peak memory per variant, each in its own process")
     parser.add_argument("--json")
     parser.add_argument("--plot")

@@ -21,7 +21,7 @@ import tempfile
 
 import numpy as np
 
-from ms_swiglu.checkpoint import read_config
+from ms_swiglu.checkpoint import read_config, to_bf16_bits
 from ms_swiglu.config import TOLERANCE as TOL, preset as preset_shape
 from ms_swiglu.export.kit import AIR_DEFAULT_SHAPE, atc_command, converter_command, converter_config, write_scripts
 from ms_swiglu.export.mindir import graph_io, op_types
@@ -71,8 +71,6 @@ def _sha256(path):
 def _raw(tensor, dtype):
     """Little-endian bytes of a Tensor in its own dtype (bfloat16 as its 16-bit patterns)."""
     import mindspore as ms  # noqa: PLC0415
-
-    from ms_swiglu.checkpoint import to_bf16_bits  # noqa: PLC0415
 
     values = tensor.astype(ms.float32).asnumpy()
     raw = to_bf16_bits(values) if dtype == "bfloat16" else values.astype(np.dtype(dtype).newbyteorder("<"))
@@ -174,6 +172,8 @@ def export(req):
     """Run the export described by ``req``; returns the manifest (a dict)."""
     import mindspore as ms  # noqa: PLC0415
 
+    from ms_swiglu.mlp import param_dtype  # noqa: PLC0415
+
     if req.target not in TARGETS:
         raise ExportError(f"--target: expected one of {', '.join(TARGETS)}, got {req.target!r}")
     device = ms.get_context("device_target")
@@ -184,7 +184,7 @@ def export(req):
         raise ExportError(f"--air: expected --target ascend, got {req.target}")
     ms.set_context(mode=ms.GRAPH_MODE)
     net, hidden, inter, model = _build(req, TARGETS[req.target])
-    req.dtype = str(next(iter(net.get_parameters())).dtype).lower()  # None above: the checkpoint's dtype
+    req.dtype = str(param_dtype(net)).lower()  # None above: the checkpoint's dtype
     name = req.name(model)
     fmt = "AIR" if req.air else "MINDIR"
     model_file = f"{name}.{fmt.lower()}"

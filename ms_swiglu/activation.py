@@ -20,8 +20,8 @@ from mindspore.ops import DataType, kernel
 from mindspore.ops import CustomRegOp
 
 from ms_swiglu._cpu_kernel import kernel_path
+from ms_swiglu.config import BACKENDS
 
-BACKENDS = ("auto", "ascend", "cpu", "akg", "composite")
 DTYPES = (mstype.float32, mstype.float16, mstype.bfloat16)
 
 

@@ -13,11 +13,9 @@ import time
 import numpy as np
 
 from ms_swiglu.checkpoint import CheckpointError, load_dense_layer, load_moe_layer, read_config, write_safetensors
+from ms_swiglu.config import BACKENDS, DTYPE_NAMES, PRESETS
 from ms_swiglu.packing import check_tp, shard_down, shard_packed
-
-from ms_swiglu.config import DTYPE_NAMES as DTYPE_CHOICES, PRESETS
-
-BACKEND_CHOICES = ("auto", "ascend", "cpu", "akg", "composite")
+from ms_swiglu.tools.timing import progress
 
 
 class UsageError(ValueError):
@@ -68,16 +66,23 @@ def _read_input(path, hidden):
     return x.astype(np.float32)
 
 
-def _layers(spec, config):
+def _layer_range(spec):
+    """``A-B`` or ``N`` as a range of layers."""
     try:
         first, _, last = spec.partition("-")
         layers = range(int(first), int(last or first) + 1)
     except ValueError:
         raise UsageError(f"--layers: expected A-B or N, got {spec!r}") from None
-    for layer in (layers.start, layers.stop - 1):
-        config.check_layer(layer)
     if not layers:
         raise UsageError(f"--layers: expected A <= B, got {spec!r}")
+    return layers
+
+
+def _layers(spec, config):
+    """``A-B`` or ``N`` as a range of layers that the checkpoint has."""
+    layers = _layer_range(spec)
+    for layer in (layers.start, layers.stop - 1):
+        config.check_layer(layer)
     return layers
 
 
@@ -100,7 +105,7 @@ def execute(args, config, x, out, rank=0):
     """Build the layer (this rank's part of it), run it, print the result line and write the output on rank 0."""
     import mindspore as ms  # noqa: PLC0415 -- after the input checks: importing MindSpore takes seconds
 
-    from ms_swiglu.mlp import load_mlp  # noqa: PLC0415
+    from ms_swiglu.mlp import load_mlp, param_dtype  # noqa: PLC0415
     from ms_swiglu.moe import load_moe  # noqa: PLC0415
 
     device = ms.get_context("device_target")  # the installed MindSpore's default: Ascend or CPU
@@ -112,7 +117,7 @@ def execute(args, config, x, out, rank=0):
         rank = parallel.init(args.tp_size)
     load = load_moe if config.is_moe else load_mlp
     mlp = load(args.checkpoint, args.layer, dtype=args.dtype, backend=args.backend, tp_size=args.tp_size, rank=rank)
-    ms_dtype = next(iter(mlp.get_parameters())).dtype
+    ms_dtype = param_dtype(mlp)
     mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=ms_dtype))
     xt = ms.Tensor(x).astype(ms_dtype)
     y = mlp(xt)  # compiles
@@ -142,13 +147,6 @@ def _rank_paths(path, tp_size):
     return [f"{stem}-tp{r}-of-{tp_size}{ext or '.safetensors'}" for r in range(tp_size)]
 
 
-def _progress(done, total, width=30):
-    filled = width * done // total
-    sys.stderr.write(f"\rconvert [{'#' * filled}{'.' * (width - filled)}] {done}/{total} layers")
-    sys.stderr.write("\n" if done == total else "")
-    sys.stderr.flush()
-
-
 def cmd_convert(args):
     config = read_config(args.checkpoint)
     layers = _layers(args.layers or f"0-{config.num_hidden_layers - 1}", config)
@@ -172,7 +170,7 @@ def cmd_convert(args):
             tensors[names["down"]] = shard_down(w["down"], args.tp_size, rank)  # [E,] [H, I/p]
             if "router" in names:
                 tensors[names["router"]] = w["router"]  # [E, H], replicated
-        _progress(i + 1, len(layers))
+        progress("convert", i + 1, len(layers), "layers")
     for rank, (path, tensors) in enumerate(zip(paths, ranks)):
         meta = {"format": "ms_swiglu.packed", "layout": "gate_up rows [gate; up]", "model_type": config.model_type,
                 "tp_size": args.tp_size, "rank": rank, "layers": f"{layers.start}-{layers.stop - 1}"}
@@ -206,11 +204,7 @@ def cmd_export(args):
     else:
         if args.layer is not None:
             raise UsageError("export: expected --layers A-B (a stack of blocks) with --preset, got --layer")
-        first, _, last = (args.layers or "0-0").partition("-")
-        try:
-            layers = range(int(first), int(last or first) + 1)
-        except ValueError:
-            raise UsageError(f"--layers: expected A-B or N, got {args.layers!r}") from None
+        layers = _layer_range(args.layers or "0")
     req = ExportRequest(output_dir=args.output_dir, target=args.target, checkpoint=args.checkpoint,
                         preset=args.preset, seed=args.seed, layers=(layers.start, layers.stop - 1),
                         stack=bool(args.layers), dtype=args.dtype, force=args.force, air=args.air,
@@ -239,8 +233,8 @@ def build_parser():
     run.add_argument("--output", help="write the output here as float32 .npy")
     run.add_argument("--tokens", type=int, default=16, help="seeded random tokens when there is no --input")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--dtype", choices=DTYPE_CHOICES, help="compute dtype (default: the checkpoint's)")
-    run.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
+    run.add_argument("--dtype", choices=DTYPE_NAMES, help="compute dtype (default: the checkpoint's)")
+    run.add_argument("--backend", choices=BACKENDS, default="auto")
     run.add_argument("--repeat", type=int, default=3, help="timed calls after the compiling one")
     run.add_argument("--force", action="store_true", help="replace an existing --output")
     run.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, launched with msrun")
@@ -253,7 +247,7 @@ def build_parser():
     conv.add_argument("--output", required=True, help="FILE.safetensors; with --tp-size K: FILE-tp{r}-of-K")
     conv.add_argument("--layers", help="A-B (default: all)")
     conv.add_argument("--tp-size", type=int, default=1)
-    conv.add_argument("--dtype", choices=DTYPE_CHOICES, help="default: the checkpoint's")
+    conv.add_argument("--dtype", choices=DTYPE_NAMES, help="default: the checkpoint's")
     conv.add_argument("--force", action="store_true")
     conv.set_defaults(func=cmd_convert)
 
@@ -266,7 +260,7 @@ def build_parser():
     exp.add_argument("--seed", type=int, default=0)
     exp.add_argument("--output-dir", required=True)
     exp.add_argument("--target", choices=("ascend", "portable", "cpu"), default="ascend")
-    exp.add_argument("--dtype", choices=DTYPE_CHOICES, help="default: the checkpoint's (float32 for presets)")
+    exp.add_argument("--dtype", choices=DTYPE_NAMES, help="default: the checkpoint's (float32 for presets)")
     exp.add_argument("--static-shape", help="B,S: a fixed [B, S, H] input (default: dynamic batch and sequence)")
     exp.add_argument("--force", action="store_true", help="replace an earlier export in --output-dir")
     exp.add_argument("--air", action="store_true", help="AIR for ATC instead of MindIR (Ascend hosts only)")

@@ -10,7 +10,7 @@ from mindspore.common import dtype as mstype
 from ms_swiglu.activation import SwiGLU
 from ms_swiglu.checkpoint import SafetensorsFolder, read_config
 from ms_swiglu.config import to_dtype
-from ms_swiglu.mlp import PackedSwiGLUMLP, load_mlp, load_weights
+from ms_swiglu.mlp import PackedSwiGLUMLP, load_mlp, load_weights, param_dtype
 from ms_swiglu.moe import load_moe
 
 
@@ -96,7 +96,7 @@ def load_ffn(folder, layer, *, dtype=None, backend="auto", recompute="none"):
     config = read_config(folder)
     mlp = (load_moe if config.is_moe else load_mlp)(folder, layer, dtype=dtype, backend=backend)
     block = FFNBlock(config.hidden_size, config.intermediate_size, eps=config.rms_norm_eps,
-                     dtype=next(iter(mlp.get_parameters())).dtype, mlp=mlp, recompute=recompute)
+                     dtype=param_dtype(mlp), mlp=mlp, recompute=recompute)
     norm, _ = SafetensorsFolder(folder).read(f"model.layers.{layer}.post_attention_layernorm.weight",
                                              (config.hidden_size,))
     load_weights(block.post_attention_layernorm, {"weight": norm})

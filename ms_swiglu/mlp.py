@@ -100,6 +100,11 @@ def _weights(cell):
     return {name: p.asnumpy() for name, p in cell.parameters_and_names()}
 
 
+def param_dtype(cell):
+    """The dtype of a Cell's weights (its first parameter's)."""
+    return next(iter(cell.get_parameters())).dtype
+
+
 def load_weights(cell, state):
     """Set a Cell's parameters from ``{relative name: array}``; names and shapes must match exactly."""
     params = dict(cell.parameters_and_names())

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
-from ms_swiglu.tools.timing import interleave, proc_status, reset_peak_memory, write_json
+from ms_swiglu.tools.timing import interleave, proc_status, progress, reset_peak_memory, write_json
 
 VARIANTS = ("baseline", "packed-composite", "packed-cpu", "packed-akg")
 SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -149,14 +149,6 @@ def _memory(variant, hidden, inter, dtype, n):
     return int(r.stdout.strip().splitlines()[-1])
 
 
-def _progress(done, total):
-    width = 30
-    sys.stderr.write(f"\rbench [{'#' * (width * done // total)}{'.' * (width - width * done // total)}] "
-                     f"{done}/{total} cells")
-    sys.stderr.write("\n" if done == total else "")
-    sys.stderr.flush()
-
-
 def run(args):
     import mindspore as ms  # noqa: PLC0415
 
@@ -197,7 +189,7 @@ def run(args):
                     cell["variants"][key] = entry
                 results.append(cell)
                 done += 1
-                _progress(done, total)
+                progress("bench", done, total, "cells")
                 _print_cell(cell)
     return {"read_gbps": read_bw, "rw_gbps": rw_bw, "results": results}
 

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench clean
 
-$(STAMP): setup.py ms_swiglu/csrc/swiglu.cc ms_swiglu/csrc/swiglu_impl.inc
+$(STAMP): setup.py $(wildcard ms_swiglu/csrc/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

@@ -5,7 +5,7 @@ from setuptools import Extension, setup
 kernel = Extension(
     "ms_swiglu._swiglu_cpu",
     sources=["ms_swiglu/csrc/swiglu.cc"],
-    depends=["ms_swiglu/csrc/swiglu_impl.inc"],
+    depends=["ms_swiglu/csrc/swiglu_impl.inc", "ms_swiglu/csrc/linear_impl.inc"],
     language="c++",
     extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-Wno-maybe-uninitialized"],
     extra_link_args=["-fopenmp"],

@@ -2,6 +2,7 @@
 import ctypes
 import functools
 import glob
+import importlib.util
 import os
 
 
@@ -25,7 +26,38 @@ def _lib():
     lib.msw_read.restype = ctypes.c_double
     lib.msw_read.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.msw_add.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.msw_gemm.restype = ctypes.c_char_p
+    lib.msw_gemm.argtypes = [ctypes.c_char_p]
+    lib.msw_skinny_max.restype = ctypes.c_int64
+    lib.msw_skinny_max.argtypes = [ctypes.c_int, ctypes.c_int64]
     return lib
+
+
+def _onednn_path():
+    spec = importlib.util.find_spec("mindspore")  # located, not imported
+    for folder in spec.submodule_search_locations if spec else ():
+        path = os.path.join(folder, "lib", "libdnnl.so.3")
+        if os.path.exists(path):
+            return path
+    return ""
+
+
+def gemm():
+    """The GEMM the linear kernels use above the skinny range: 'onednn' (MindSpore's libdnnl.so.3, bound on
+    first call) or 'skinny' when it is missing or turned off."""
+    return _lib().msw_gemm(_onednn_path().encode()).decode()
+
+
+def set_onednn(on):
+    """Turn the oneDNN path on or off (off: the skinny kernel for every token count; tests and benchmarks)."""
+    _lib().msw_set_onednn(int(bool(on)))
+
+
+def skinny_max(dtype, value=None):
+    """Largest token count the skinny kernel takes for `dtype` ('float32', 'float16', 'bfloat16'); sets it when
+    `value` is given. Above it the oneDNN GEMM runs."""
+    index = ("float32", "float16", "bfloat16").index(dtype)
+    return _lib().msw_skinny_max(index, -1 if value is None else int(value))
 
 
 def read_sum(x):
@@ -39,8 +71,9 @@ def add(a, b, out):
 
 
 def launches():
-    """``{"forward": n, "backward": m}``: how often this process has run the kernels (all threads)."""
-    return {"forward": _lib().msw_launches(0), "backward": _lib().msw_launches(1)}
+    """How often this process has run each kernel (all threads): SwiGLU forward/backward, Linear, GateUpSwiglu."""
+    names = ("forward", "backward", "linear", "gate_up_swiglu")
+    return {name: _lib().msw_launches(i) for i, name in enumerate(names)}
 
 
 def isa():
@@ -52,3 +85,18 @@ def set_isa(name):
     """Force a lower instruction set (for tests and benchmarks); raises when the CPU lacks it."""
     if _lib().msw_set_isa(name.encode()) != 0:
         raise ValueError(f"isa: expected one of 'avx512', 'avx2', 'generic' supported by this CPU, got {name!r}")
+
+
+def linear(x, w, out, dtype, swiglu=False):
+    """Run the ``Linear`` kernel (``GateUpSwiglu`` with ``swiglu``) on contiguous NumPy arrays as MindSpore would
+    call it: x [..., K], w [M, K], out [..., M] ([..., M/2] with ``swiglu``), all of `dtype` ('float32',
+    'float16', or 'bfloat16' held as uint16 bits). For tests and benchmarks; returns ``out``."""
+    arrays = (x, w, out)
+    shapes = [(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays]
+    status = getattr(_lib(), "GateUpSwiglu" if swiglu else "Linear")(
+        3, (ctypes.c_void_p * 3)(*[a.ctypes.data for a in arrays]), (ctypes.c_int * 3)(*[a.ndim for a in arrays]),
+        (ctypes.POINTER(ctypes.c_int64) * 3)(*shapes), (ctypes.c_char_p * 3)(*[dtype.encode()] * 3), None, None)
+    if status != 0:
+        raise ValueError(f"linear: expected x [..., K], w [M, K] and out of one dtype, got status {status} for "
+                         f"{x.shape}, {w.shape}, {out.shape} ({dtype})")
+    return out

@@ -55,7 +55,8 @@ def _ascend(x):
     return ops.swiglu(x, -1)
 
 
-def _reg_info(name, n_inputs):
+def reg_info(name, n_inputs):
+    """CustomRegOp info for a CPU aot op: n_inputs inputs and one output, all float32, float16 or bfloat16."""
     reg = CustomRegOp(name)
     for i in range(n_inputs):
         reg = reg.input(i, f"x{i}")
@@ -70,13 +71,13 @@ def _cpu_op():
     dtype come from SwigluFwdInferShape/InferType in the .so."""
     so = kernel_path()
     bwd = ops.Custom(f"{so}:SwigluBwd", out_shape=None, out_dtype=None, func_type="aot",
-                     reg_info=_reg_info("SwigluBwd", 2))
+                     reg_info=reg_info("SwigluBwd", 2))
 
     def bprop(x, out, dout):
         return (bwd(x, dout),)  # [..., 2I] = [d_gate, d_up]
 
     return ops.Custom(f"{so}:SwigluFwd", out_shape=None, out_dtype=None, func_type="aot",
-                      bprop=bprop, reg_info=_reg_info("SwigluFwd", 1))
+                      bprop=bprop, reg_info=reg_info("SwigluFwd", 1))
 
 
 @kernel

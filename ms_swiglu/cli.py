@@ -131,7 +131,7 @@ def execute(args, config, x, out, rank=0):
         return 0
     block = f"MoE {config.num_local_experts} experts top-{config.num_experts_per_tok}" if config.is_moe else "MLP"
     tp = f", tp {args.tp_size}" if args.tp_size > 1 else ""
-    print(f"device {device}{tp}, backend {mlp.act.backend}, dtype {str(ms_dtype).lower()}, {block} layer {args.layer} "
+    print(f"device {device}{tp}, backend {mlp.backend}, dtype {str(ms_dtype).lower()}, {block} layer {args.layer} "
           f"of {config.model_type}, input {list(x.shape)} -> output {list(y.shape)}, latency "
           f"{statistics.median(times):.3f} ms (median of {args.repeat}, min {min(times):.3f})", flush=True)
     if out:

@@ -8,6 +8,7 @@ from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
 from ms_swiglu.activation import SwiGLU
+from ms_swiglu.linear import Linear
 from ms_swiglu.checkpoint import SafetensorsFolder, read_config
 from ms_swiglu.config import to_dtype
 from ms_swiglu.mlp import PackedSwiGLUMLP, load_mlp, load_weights, param_dtype
@@ -62,11 +63,13 @@ class FFNBlock(nn.Cell):
         self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype)
         self.mlp = mlp or PackedSwiGLUMLP(hidden_size, intermediate_size, dtype=dtype, backend=backend)
         self.recompute_mode = recompute
+        backends = {cell.backend for _, cell in self.cells_and_names() if isinstance(cell, (SwiGLU, Linear))}
+        if recompute != "none" and not backends <= set(_RECOMPUTABLE):
+            raise ValueError(f"recompute={recompute!r}: expected a backend MindSpore can recompute "
+                             f"({', '.join(_RECOMPUTABLE)}), got {', '.join(sorted(backends))} (graph-mode recompute "
+                             f"does not re-run the aot Custom ops; the cpu backend never stores [T, 2I]: its "
+                             f"backward recomputes the gate/up GEMM)")
         acts = [cell for _, cell in self.cells_and_names() if isinstance(cell, SwiGLU)]
-        if recompute != "none" and any(a.backend not in _RECOMPUTABLE for a in acts):
-            raise ValueError(f"recompute={recompute!r}: expected a SwiGLU backend MindSpore can recompute "
-                             f"({', '.join(_RECOMPUTABLE)}), got {acts[0].backend!r} (graph-mode recompute does "
-                             f"not re-run the aot Custom op)")
         if recompute == "full":
             self.recompute()
         elif recompute == "selective":

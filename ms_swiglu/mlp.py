@@ -7,43 +7,20 @@ import numpy as np
 from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
-from ms_swiglu.activation import SwiGLU, resolve_backend
+from ms_swiglu.activation import resolve_backend
 from ms_swiglu.checkpoint import load_dense_layer, read_config
 from ms_swiglu.config import to_dtype
+from ms_swiglu.linear import Dense, Linear, cpu_upcast
 from ms_swiglu.packing import check_tp
 from ms_swiglu.parallel import reduce_cell
 from ms_swiglu.packing import pack_state_dict, unpack_state_dict
 
 
-def cpu_upcast(dtype, backend="auto"):
-    """Whether float16/bfloat16 GEMMs run in float32: on the CPU, which has no bfloat16 MatMul and whose
-    float16 MatMul is ~10x slower than float32. Never for Ascend, nor for a graph built for Ascend."""
-    return (to_dtype(dtype) != mstype.float32 and ms.get_context("device_target") == "CPU"
-            and resolve_backend(backend) != "ascend")
-
-
-class Dense(nn.Dense):
-    """``nn.Dense`` without bias; with ``upcast``, low-precision weights are multiplied in float32.
-
-    Shapes:
-        x: [T, d_in]    weight: [d_out, d_in]    out: [T, d_out]
-    """
-
-    def __init__(self, d_in, d_out, dtype, upcast):
-        super().__init__(d_in, d_out, has_bias=False, dtype=dtype)
-        self.upcast = upcast
-
-    def construct(self, x):
-        dtype, w = x.dtype, self.weight
-        if self.upcast:
-            x, w = x.astype(mstype.float32), w.astype(mstype.float32)
-        shape = ops.shape(x)
-        y = self.matmul(x.reshape(-1, shape[-1]), w)  # [T, d_in] x [d_out, d_in]^T -> [T, d_out]
-        return y.reshape(shape[:-1] + (ops.shape(y)[-1],)).astype(dtype)
-
-
 class PackedSwiGLUMLP(nn.Cell):
-    """``down(SwiGLU(gate_up(x)))`` with ``gate_up_proj`` one Dense of output ``2I``, rows ``[gate; up]``.
+    """``down(SwiGLU(gate_up(x)))`` with ``gate_up_proj`` one GEMM of output ``2I``, rows ``[gate; up]``.
+
+    ``gate_up_proj`` is a :class:`~ms_swiglu.linear.Linear` with ``swiglu=True``: on the ``cpu`` backend one C++
+    call with SwiGLU as the GEMM's epilogue, elsewhere MindSpore's MatMul and the backend's SwiGLU op.
 
     With ``tp_size`` p > 1 this rank holds the column-parallel ``[gate_r; up_r]`` and the row-parallel
     ``down[:, r]``, and an AllReduce sums the ranks' partial outputs (``ms_swiglu.parallel``).
@@ -60,14 +37,13 @@ class PackedSwiGLUMLP(nn.Cell):
         dtype = to_dtype(dtype)
         check_tp(intermediate_size, tp_size)
         self.hidden_size, self.intermediate_size, self.tp_size = hidden_size, intermediate_size, tp_size
-        local, upcast = intermediate_size // tp_size, cpu_upcast(dtype, backend)
-        self.gate_up_proj = Dense(hidden_size, 2 * local, dtype, upcast)
-        self.act = SwiGLU(backend)
-        self.down_proj = Dense(local, hidden_size, dtype, upcast)
+        self.backend, local = resolve_backend(backend), intermediate_size // tp_size
+        self.gate_up_proj = Linear(hidden_size, 2 * local, dtype=dtype, backend=backend, swiglu=True)
+        self.down_proj = Linear(local, hidden_size, dtype=dtype, backend=backend)
         self.reduce = reduce_cell(tp_size)
 
     def construct(self, x):
-        return self.reduce(self.down_proj(self.act(self.gate_up_proj(x))))  # [T, H] -> [T, 2I/p] -> [T, I/p] -> [T, H]
+        return self.reduce(self.down_proj(self.gate_up_proj(x)))  # [T, H] -> [T, 2I/p] -SwiGLU-> [T, I/p] -> [T, H]
 
 
 class SwiGLUMLP(nn.Cell):

@@ -10,7 +10,8 @@ from mindspore.common import dtype as mstype
 
 from ms_swiglu.checkpoint import load_moe_layer, read_config
 from ms_swiglu.config import to_dtype
-from ms_swiglu.mlp import Dense, PackedSwiGLUMLP, cpu_upcast, load_weights
+from ms_swiglu.linear import Dense, cpu_upcast
+from ms_swiglu.mlp import PackedSwiGLUMLP, load_weights
 from ms_swiglu.packing import check_tp
 from ms_swiglu.parallel import reduce_cell
 
@@ -65,7 +66,7 @@ class PackedMoE(nn.Cell):
         self.router = Dense(hidden_size, num_experts, dtype, self.upcast)
         self.experts = nn.CellList([PackedSwiGLUMLP(hidden_size, intermediate_size // tp_size, dtype=dtype,
                                                     backend=backend) for _ in range(num_experts)])
-        self.act = self.experts[0].act
+        self.backend = self.experts[0].backend
         self.reduce = reduce_cell(tp_size)
 
     def construct(self, x):

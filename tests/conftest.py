@@ -63,11 +63,11 @@ def assert_close(actual, expected, dtype, what=""):
 
 
 class LossCell(nn.Cell):
-    """sum(net(x) * dy): its gradient is the vector-Jacobian product of net with dy."""
+    """sum(net(x) * dy) in float32 (the CPU has no bfloat16 sum): its gradient is the vector-Jacobian product."""
 
     def __init__(self, net):
         super().__init__()
         self.net = net
 
     def construct(self, x, dy):
-        return (self.net(x) * dy).sum()
+        return (self.net(x).astype(ms.float32) * dy.astype(ms.float32)).sum()

@@ -9,12 +9,14 @@ CLI = [os.path.join(os.path.dirname(sys.executable), "ms-swiglu")]
 
 def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path):
     r = subprocess.run(CLI + ["bench", "--preset", "tiny", "--tokens", "1", "4", "--rounds", "2", "--memory",
-                              "--layers", "2", "--jit", "O0", "O1", "--json", str(tmp_path / "b.json"), "--plot",
+                              "--layers", "2", "--jit", "O0", "O1", "--dtype", "float32", "bfloat16", "--json", str(tmp_path / "b.json"), "--plot",
                               str(tmp_path / "b.png")], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["read_gbps"] > 0 and data["rw_gbps"] > 0 and data["args"]["layers"] == 2
-    assert [c["tokens"] for c in data["results"]] == [1, 4]
+    # both dtypes interleaved at each token count
+    assert [(c["tokens"], c["dtype"]) for c in data["results"]] == [
+        (1, "float32"), (1, "bfloat16"), (4, "float32"), (4, "bfloat16")]
     for cell in data["results"]:
         assert set(cell["gemm_ceiling_gflops"]) == {"mindspore", "numpy"}
         assert len(cell["variants"]) == 8  # 4 variants x (O0, O1)
@@ -22,7 +24,11 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
             assert e["median_s"] > 0 and e["gflops"] > 0 and e["activation_bytes"] > 0
             assert ("peak_added_bytes" in e) == key.endswith("/O0")
             assert ("weight_gbps" in e) == (cell["tokens"] == 1)
-    fused, base = (data["results"][1]["variants"][k]["activation_bytes"] for k in ("packed-cpu/O0", "baseline/O0"))
+            assert ("fraction_of_ceiling_min" in e) == (cell["tokens"] > 1)
+            assert e["speedup_vs_baseline"] > 0 and e["speedup_vs_float32"] > 0
+            if cell["dtype"] == "float32":
+                assert e["speedup_vs_float32"] == 1.0
+    fused, base = (data["results"][2]["variants"][k]["activation_bytes"] for k in ("packed-cpu/O0", "baseline/O0"))
     assert fused < base
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "GEMM ceiling" in r.stdout and "bench [" in r.stderr
@@ -39,3 +45,17 @@ def test_bandwidth_probes_compute_what_they_read():
     c = np.empty_like(a)
     add(a, b, c)
     np.testing.assert_array_equal(c, a + b)
+
+
+def test_bench_linear_times_both_gemm_paths(tmp_path):
+    from ms_swiglu.tools import bench_linear
+
+    assert bench_linear.main(["--preset", "tiny", "--tokens", "1", "9", "--dtype", "float32", "bfloat16",
+                              "--rounds", "2", "--json", str(tmp_path / "l.json")]) == 0
+    data = json.loads((tmp_path / "l.json").read_text())
+    assert [(r["dtype"], r["tokens"]) for r in data["rows"]] == [
+        ("float32", 1), ("float32", 9), ("bfloat16", 1), ("bfloat16", 9)]
+    for r in data["rows"]:
+        assert r["skinny"]["median_s"] > 0 and r["onednn"]["median_s"] > 0 and r["skinny"]["weight_gbps"] > 0
+    from ms_swiglu import _cpu_kernel
+    assert _cpu_kernel.skinny_max("float32") == data["rows"][0]["skinny_max"]  # restored after the forcing

@@ -73,7 +73,7 @@ def test_recompute_modes_really_recompute(tmp_path):
 
 
 def test_recompute_rejects_the_aot_backend_and_bad_names():
-    with pytest.raises(ValueError, match=r"expected a SwiGLU backend MindSpore can recompute .* got 'cpu'"):
+    with pytest.raises(ValueError, match=r"expected a backend MindSpore can recompute .* got cpu \("):
         _block("cpu", "selective")
     with pytest.raises(ValueError, match=r"recompute: expected one of none, full, selective, got 'some'"):
         _block(recompute="some")

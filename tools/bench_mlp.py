@@ -3,16 +3,23 @@
 Variants (same seeded weights; each also with jit_level O1 when asked):
     baseline          three Dense: gate, up, down (the seed article's SwiGLUMLP)
     packed-composite  one Dense 2I + split + silu + mul
-    packed-cpu        one Dense 2I + the fused C++ kernel
+    packed-cpu        the C++ linear kernels: the 2I GEMM with SwiGLU as its epilogue, then the down GEMM
+                      (a skinny GEMM for few tokens, oneDNN's above; weights kept in their dtype)
     packed-akg        one Dense 2I + the AKG hybrid kernel (static shapes: compiled per token count)
 
 Ceilings, measured in the same run: the GEMM ceiling (MindSpore MatMul [N,H]x[H,2I] and NumPy's matmul of the
-same size; the faster one), the read bandwidth (a sum over 512 MiB) and the 2-read-1-write bandwidth (an add
+same size, interleaved with the variants; the faster one), the read bandwidth (a sum over 512 MiB) and the 2-read-1-write bandwidth (an add
 of two 256 MiB arrays), each by NumPy in 1 and 2 threads and by the package's OpenMP probes in the .so
 (NumPy's reductions hold the GIL, so its 2-thread read is no faster), the best kept.
 
 With --layers L every call runs L MLPs with distinct weights, so that the weights do not sit in the L3 cache
 between calls (a repeated single layer partly does: this machine has a 300 MiB L3).
+
+With --peer-python PY (an interpreter that has torch) the peer `peer-torch/eager` joins the interleaved loop:
+HuggingFace's LlamaMLP in PyTorch, served by tools/torch_peer.py in its own process and timed per round trip.
+
+Several --dtype values are interleaved in one loop too, so that float16/bfloat16 are compared with float32 as
+ratios (`vs f32`).
 
 Per cell: median, min and spread (p90-p10 over median) of the latency; GFLOP/s (6*N*H*I per call); for N=1 the
 GB/s of weight bytes read; the fraction of the GEMM ceiling (N >= 16) or of the read bandwidth (N=1); with
@@ -40,12 +47,14 @@ SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 def activation_bytes(variant, n, hidden, inter, dtype):
     """Bytes of the intermediate tensors one call materialises (GEMM outputs, activation, copies)."""
     s = SIZE[dtype]
-    if variant == "baseline":  # gate, up, silu(gate), product, out
+    if variant in ("baseline", "peer-torch"):  # gate, up, silu(gate), product, out
         return (4 * n * inter + n * hidden) * s
     if variant == "packed-composite":  # gate_up, the float32 split halves, silu, product (f32), cast, out
         f32 = 4
         return 2 * n * inter * s + (4 * n * inter) * f32 + n * inter * s + n * hidden * s
-    return 2 * n * inter * s + n * inter * s + n * hidden * s  # fused: gate_up, activation, out
+    if variant == "packed-cpu":  # activation, out, and the kernels' float32 staging: [N, 2 x 1024] when oneDNN runs
+        return n * inter * s + n * hidden * s + 4 * n * 2 * min(1024, inter)
+    return 2 * n * inter * s + n * inter * s + n * hidden * s  # Dense + SwiGLU op: gate_up, activation, out
 
 
 def _build(variant, hidden, inter, dtype, jit, layers=1):
@@ -99,8 +108,8 @@ def bandwidth(rounds=5):
     return read, rw
 
 
-def gemm_ceiling(n, hidden, inter, rounds):
-    """GFLOP/s of [N,H]x[H,2I] in MindSpore (float32 MatMul, as the CPU runs every dtype) and in NumPy."""
+def gemm_calls(hidden, inter):
+    """A factory of the ceiling probes at N tokens: [N,H]x[H,2I] in float32 by MindSpore's MatMul and by NumPy."""
     import mindspore as ms  # noqa: PLC0415
     from mindspore import nn, ops  # noqa: PLC0415
 
@@ -112,13 +121,15 @@ def gemm_ceiling(n, hidden, inter, rounds):
         def construct(self, x):
             return self.mm(x, self.w)
 
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((2 * inter, hidden)).astype(np.float32)
-    x = rng.standard_normal((n, hidden)).astype(np.float32)
-    cell, xt, wt = MatMul(w), ms.Tensor(x), np.ascontiguousarray(w.T)
-    st = interleave({"mindspore": lambda: cell(xt), "numpy": lambda: x @ wt}, rounds)
-    flops = 2 * n * hidden * 2 * inter
-    return {k: flops / v["min_s"] / 1e9 for k, v in st.items()}
+    w = np.random.default_rng(0).standard_normal((2 * inter, hidden)).astype(np.float32)
+    cell, wt = MatMul(w), np.ascontiguousarray(w.T)
+
+    def calls(n):
+        x = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
+        xt = ms.Tensor(x)
+        return {"ceiling/mindspore": lambda: cell(xt), "ceiling/numpy": lambda: x @ wt}
+
+    return calls
 
 
 def memory_probe(variant, hidden, inter, dtype, n):
@@ -149,6 +160,35 @@ def _memory(variant, hidden, inter, dtype, n):
     return int(r.stdout.strip().splitlines()[-1])
 
 
+class TorchPeer:
+    """tools/torch_peer.py under another interpreter; ``tokens(n)`` then ``run()`` one forward per call."""
+
+    def __init__(self, python, hidden, inter, dtype, layers):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer.py")
+        self.proc = subprocess.Popen([python, script, str(hidden), str(inter), dtype, str(layers)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.banner = self._ask(None)
+
+    def _ask(self, line):
+        if line is not None:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        reply = self.proc.stdout.readline().strip()
+        if not reply or reply.startswith("error"):
+            raise RuntimeError(f"torch peer: expected a reply, got {reply!r} (exit {self.proc.poll()})")
+        return reply
+
+    def tokens(self, n):
+        self._ask(f"tokens {n}")
+
+    def run(self):
+        self._ask("run")
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 def run(args):
     import mindspore as ms  # noqa: PLC0415
 
@@ -156,41 +196,58 @@ def run(args):
     ms.set_context(mode=ms.GRAPH_MODE)
     read_bw, rw_bw = bandwidth()
     print(f"ceilings: read {read_bw:.1f} GB/s, 2-read-1-write {rw_bw:.1f} GB/s (best of NumPy and OpenMP probes)")
-    results, total, done = [], len(args.preset) * len(args.dtype) * len(args.tokens), 0
+    results, total, done = [], len(args.preset) * len(args.tokens), 0
     for preset in args.preset:
         hidden, inter = PRESETS[preset]
-        for dtype in args.dtype:
-            nets = {(v, j): _build(v, hidden, inter, dtype, j, args.layers) for v in args.variants
-                    for j in args.jit}
-            for n in args.tokens:
-                ceil = gemm_ceiling(n, hidden, inter, args.rounds)
-                x = ms.Tensor(np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)).astype(
-                    getattr(ms, dtype))
-                stats = interleave({f"{v}/{j}": (lambda net=net: net(x)) for (v, j), net in nets.items()},
-                                   args.rounds)
+        nets = {(v, j, d): _build(v, hidden, inter, d, j, args.layers) for d in args.dtype for v in args.variants
+                for j in args.jit}
+        ceiling = gemm_calls(hidden, inter)
+        peers = {("peer-torch", "eager", d): TorchPeer(args.peer_python, hidden, inter, d, args.layers)
+                 for d in args.dtype} if args.peer_python else {}
+        for peer in peers.values():
+            print(f"peer: {peer.banner}")
+        for n in args.tokens:
+            x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
+            xs = {d: ms.Tensor(x32).astype(getattr(ms, d)) for d in args.dtype}
+            calls = {f"{v}/{j}/{d}": (lambda net=net, x=xs[d]: net(x)) for (v, j, d), net in nets.items()}
+            for (v, j, d), peer in peers.items():
+                peer.tokens(n)
+                calls[f"{v}/{j}/{d}"] = peer.run
+            stats = interleave({**calls, **ceiling(n)}, args.rounds)
+            gemm_flops = 4 * n * hidden * inter
+            ceil = {k.split("/")[1]: gemm_flops / st["min_s"] / 1e9 for k, st in stats.items() if k.startswith("ceil")}
+            ceil_median = max(gemm_flops / st["median_s"] / 1e9 for k, st in stats.items() if k.startswith("ceil"))
+            best_gemm = max(ceil.values())
+            for dtype in args.dtype:
                 flops = 6 * n * hidden * inter * args.layers
                 weight_bytes = 3 * hidden * inter * SIZE[dtype] * args.layers
-                best_gemm = max(ceil.values())
                 cell = {"preset": preset, "dtype": dtype, "tokens": n, "hidden": hidden, "inter": inter,
-                        "gemm_ceiling_gflops": ceil, "read_gbps": read_bw, "rw_gbps": rw_bw, "variants": {}}
-                base_med = stats[f"baseline/{args.jit[0]}"]["median_s"] if "baseline" in args.variants else None
-                for key, st in stats.items():
-                    v = key.split("/")[0]
+                        "gemm_ceiling_gflops": ceil, "gemm_ceiling_median_gflops": ceil_median, "read_gbps": read_bw,
+                        "rw_gbps": rw_bw, "variants": {}}
+                base = stats.get(f"baseline/{args.jit[0]}/{dtype}")
+                for (v, j, d) in [*nets, *peers]:
+                    if d != dtype:
+                        continue
+                    st, f32 = stats[f"{v}/{j}/{d}"], stats.get(f"{v}/{j}/float32")
                     gflops = flops / st["median_s"] / 1e9
                     entry = dict(st, gflops=gflops, activation_bytes=activation_bytes(v, n, hidden, inter, dtype),
-                                 speedup_vs_baseline=base_med / st["median_s"] if base_med else None)
+                                 speedup_vs_baseline=base["median_s"] / st["median_s"] if base else None,
+                                 speedup_vs_float32=f32["median_s"] / st["median_s"] if f32 else None)
                     if n == 1:
                         entry["weight_gbps"] = weight_bytes / st["median_s"] / 1e9
                         entry["fraction_of_ceiling"] = entry["weight_gbps"] / read_bw
-                    else:
-                        entry["fraction_of_ceiling"] = gflops / best_gemm
-                    if args.memory and key.endswith("/" + args.jit[0]):
+                    else:  # median against the ceiling's median, and the best call against the best ceiling
+                        entry["fraction_of_ceiling"] = gflops / ceil_median
+                        entry["fraction_of_ceiling_min"] = flops / st["min_s"] / 1e9 / best_gemm
+                    if args.memory and j == args.jit[0]:
                         entry["peak_added_bytes"] = _memory(v, hidden, inter, dtype, n)
-                    cell["variants"][key] = entry
+                    cell["variants"][f"{v}/{j}"] = entry
                 results.append(cell)
-                done += 1
-                progress("bench", done, total, "cells")
                 _print_cell(cell)
+            done += 1
+            progress("bench", done, total, "token counts")
+        for peer in peers.values():
+            peer.close()
     return {"read_gbps": read_bw, "rw_gbps": rw_bw, "results": results}
 
 
@@ -199,12 +256,13 @@ def _print_cell(cell):
     print(f"\n{cell['preset']} {cell['dtype']} N={cell['tokens']}: GEMM ceiling MindSpore {ceil['mindspore']:.0f}, "
           f"NumPy {ceil['numpy']:.0f} GFLOP/s")
     print(f"  {'variant':<24} {'median ms':>10} {'min ms':>9} {'spread':>7} {'GFLOP/s':>8} {'vs base':>8} "
-          f"{'of ceil':>8} {'act MB':>8} {'peak MB':>8}")
+          f"{'vs f32':>7} {'of ceil':>8} {'act MB':>8} {'peak MB':>8}")
     for key, e in cell["variants"].items():
         peak = f"{e['peak_added_bytes'] / 2**20:8.1f}" if "peak_added_bytes" in e else f"{'-':>8}"
         vs = f"{e['speedup_vs_baseline']:7.2f}x" if e["speedup_vs_baseline"] else f"{'-':>8}"
+        vf = f"{e['speedup_vs_float32']:6.2f}x" if e["speedup_vs_float32"] else f"{'-':>7}"
         print(f"  {key:<24} {e['median_s'] * 1e3:10.2f} {e['min_s'] * 1e3:9.2f} {e['spread']:7.2f} "
-              f"{e['gflops']:8.1f} {vs} {e['fraction_of_ceiling']:8.0%} {e['activation_bytes'] / 2**20:8.1f} {peak}",
+              f"{e['gflops']:8.1f} {vs} {vf} {e['fraction_of_ceiling']:8.0%} {e['activation_bytes'] / 2**20:8.1f} {peak}",
               flush=True)
 
 
@@ -252,6 +310,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--layers", type=int, default=1,
                         help="chain this many MLPs with distinct weights per call (> 1: cold caches, as in a model)")
+    parser.add_argument("--peer-python", help="an interpreter with torch: adds HF LlamaMLP in PyTorch as a peer")
     parser.add_argument("--memory", action="store_true", help="peak memory per variant, each in its own process")
     parser.add_argument("--json")
     parser.add_argument("--plot")

@@ -1,0 +1,91 @@
+"""The C++ linear kernels alone (no MindSpore graph): the skinny GEMM against oneDNN per token count and dtype.
+
+One MLP's worth of kernel calls (GateUpSwiglu [N,H]x[2I,H]^T, then Linear [N,I]x[H,I]^T) is timed with each
+GEMM forced, interleaved, so the rows show where the skinny kernel stops paying (the `skinny_max` defaults in
+csrc/swiglu.cc come from this table) and how close the decode path gets to the read bandwidth.
+
+Usage: python -m ms_swiglu.tools.bench_linear [--preset llama-7b] [--tokens 1 4 8 16 32 64 128]
+                                              [--dtype float32 float16 bfloat16] [--rounds 5] [--json F]
+"""
+import argparse
+import sys
+
+import numpy as np
+
+from ms_swiglu import _cpu_kernel
+from ms_swiglu.config import DTYPE_NAMES, PRESETS
+from ms_swiglu.tools.timing import interleave, progress, write_json
+
+NP_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def _cast(a, dtype):
+    if dtype != "bfloat16":
+        return a.astype(NP_DTYPE[dtype])
+    u = a.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _mlp_call(x, w_gate_up, w_down, act, out, dtype, skinny):
+    def call():
+        _cpu_kernel.set_onednn(not skinny)
+        limit = _cpu_kernel.skinny_max(dtype)
+        _cpu_kernel.skinny_max(dtype, 1 << 40 if skinny else 0)
+        try:
+            _cpu_kernel.linear(x, w_gate_up, act, dtype, swiglu=True)
+            _cpu_kernel.linear(act, w_down, out, dtype)
+        finally:
+            _cpu_kernel.skinny_max(dtype, limit)
+            _cpu_kernel.set_onednn(True)
+    return call
+
+
+def run(args):
+    from ms_swiglu.tools.bench_mlp import bandwidth  # noqa: PLC0415
+
+    hidden, inter = PRESETS[args.preset]
+    read_bw, _ = bandwidth()
+    print(f"{args.preset}: H={hidden} I={inter}; GEMM above the skinny range: {_cpu_kernel.gemm()}; "
+          f"read ceiling {read_bw:.1f} GB/s")
+    rng = np.random.default_rng(0)
+    w_gate_up = rng.standard_normal((2 * inter, hidden), dtype=np.float32) * 0.02
+    w_down = rng.standard_normal((hidden, inter), dtype=np.float32) * 0.02
+    rows, done = [], 0
+    for dtype in args.dtype:
+        wg, wd = _cast(w_gate_up, dtype), _cast(w_down, dtype)
+        for n in args.tokens:
+            x = _cast(rng.standard_normal((n, hidden), dtype=np.float32), dtype)
+            act, out = np.empty((n, inter), NP_DTYPE[dtype]), np.empty((n, hidden), NP_DTYPE[dtype])
+            st = interleave({path: _mlp_call(x, wg, wd, act, out, dtype, path == "skinny")
+                             for path in ("skinny", "onednn")}, args.rounds, warmup=1)
+            row = {"dtype": dtype, "tokens": n, "skinny_max": _cpu_kernel.skinny_max(dtype)}
+            for path, s in st.items():
+                row[path] = dict(s, gflops=6 * n * hidden * inter / s["median_s"] / 1e9,
+                                 weight_gbps=(wg.nbytes + wd.nbytes) / s["median_s"] / 1e9)
+            rows.append(row)
+            done += 1
+            progress("bench_linear", done, len(args.dtype) * len(args.tokens), "cells")
+            sk, od = row["skinny"], row["onednn"]
+            print(f"{dtype:>9} N={n:<4} skinny {sk['median_s'] * 1e3:8.2f} ms {sk['gflops']:6.1f} GFLOP/s "
+                  f"{sk['weight_gbps']:5.1f} GB/s ({sk['weight_gbps'] / read_bw:4.0%} of read) | onednn "
+                  f"{od['median_s'] * 1e3:8.2f} ms {od['gflops']:6.1f} GFLOP/s | skinny/onednn "
+                  f"{od['median_s'] / sk['median_s']:5.2f}x  (runs skinny up to N={row['skinny_max']})", flush=True)
+    return {"preset": args.preset, "read_gbps": read_bw, "rows": rows}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="llama-7b", choices=sorted(PRESETS))
+    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64, 128])
+    parser.add_argument("--dtype", nargs="+", default=list(DTYPE_NAMES), choices=DTYPE_NAMES)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    data = run(args)
+    if args.json:
+        write_json(args.json, data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -144,13 +144,41 @@ def test_cpu_mlp_is_two_kernel_calls_and_keeps_weight_dtype():
 
 
 def test_cpu_mlp_export_reloads_with_dynamic_tokens(tmp_path):
-    """A MindIR of the cpu MLP (its Custom ops carry reg_info and C++ InferShape) reloads and runs at any N."""
+    """A MindIR of the cpu MLP (Custom ops with reg_info and C++ InferShape; exported without the float32
+    token-count branch, which a reloaded MindIR cannot run) reloads and runs at any N; vs float64 NumPy."""
+    from ms_swiglu.linear import without_token_branch
+
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(1)
-    net = PackedSwiGLUMLP(32, 48, backend="cpu")
+    net = without_token_branch(PackedSwiGLUMLP(32, 48, backend="cpu"))
+    gate_up, down = to_f64(net.gate_up_proj.weight), to_f64(net.down_proj.weight)
     ms.export(net, ms.Tensor(shape=[None, 32], dtype=ms.float32), file_name=str(tmp_path / "mlp"),
               file_format="MINDIR")
     loaded = ms.nn.GraphCell(ms.load(str(tmp_path / "mlp.mindir")))
-    for n in (1, 40):
-        x, _ = to_tensor(np.random.default_rng(n).standard_normal((n, 32)), "float32")
-        assert_close(loaded(x), to_f64(net(x)), "float32", f"reloaded N={n}")
+    for n in (1, 40, 300):
+        x, x64 = to_tensor(np.random.default_rng(n).standard_normal((n, 32)), "float32")
+        assert_close(loaded(x), ref_swiglu(x64 @ gate_up.T) @ down.T, "float32", f"reloaded N={n}")
+
+
+def test_float32_mid_token_counts_take_mindspore_matmul_in_the_same_graph():
+    """float32 with MATMUL_TOKENS[0] <= N <= MATMUL_TOKENS[1] runs MindSpore's MatMul + the fused SwiGLU op
+    (faster here than oneDNN's sgemm); fewer or more tokens run the C++ GEMMs; one compile serves all."""
+    from ms_swiglu.linear import MATMUL_TOKENS
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(2)
+    base = SwiGLUMLP(32, 48)
+    packed = to_packed(base, backend="cpu")
+    packed.set_inputs(ms.Tensor(shape=[None, None, 32], dtype=ms.float32))
+    weights = [to_f64(p) for p in (base.gate_proj.weight, base.up_proj.weight, base.down_proj.weight)]
+    lo, hi = MATMUL_TOKENS
+    for (b, s), kernel in (((1, lo - 1), "gate_up_swiglu"), ((1, lo), "forward"), ((2, hi // 2), "forward"),
+                           ((1, hi + 1), "gate_up_swiglu")):
+        x, x64 = to_tensor(np.random.default_rng(s).standard_normal((b, s, 32)), "float32")
+        before = _cpu_kernel.launches()
+        y = packed(x)
+        delta = {k: v - before[k] for k, v in _cpu_kernel.launches().items()}
+        assert delta[kernel] == 1 and sum(delta.values()) == (2 if kernel == "gate_up_swiglu" else 1), (s, delta)
+        ref = ref_swiglu(np.concatenate([x64 @ weights[0].T, x64 @ weights[1].T], -1)) @ weights[2].T
+        assert_close(y, ref, "float32", f"N={b * s}")
+    assert len(packed.compile_cache) == 1

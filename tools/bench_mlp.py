@@ -165,8 +165,10 @@ class TorchPeer:
 
     def __init__(self, python, hidden, inter, dtype, layers):
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer.py")
+        # MindSpore setenv()s OMP_NUM_THREADS=1 in C, which a child would inherit: give the peer every core
+        env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count()))
         self.proc = subprocess.Popen([python, script, str(hidden), str(inter), dtype, str(layers)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.banner = self._ask(None)
 
     def _ask(self, line):

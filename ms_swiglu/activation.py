@@ -55,29 +55,28 @@ def _ascend(x):
     return ops.swiglu(x, -1)
 
 
-def reg_info(name, n_inputs):
-    """CustomRegOp info for a CPU aot op: n_inputs inputs and one output, all float32, float16 or bfloat16."""
+def aot_op(name, n_inputs, bprop=None):
+    """The .so's function ``name`` as an aot Custom op on the CPU: ``n_inputs`` inputs and one output of one
+    dtype (float32, float16 or bfloat16); output shape and dtype come from its C++ {name}InferShape/InferType."""
     reg = CustomRegOp(name)
     for i in range(n_inputs):
         reg = reg.input(i, f"x{i}")
     reg = reg.output(0, "y")
     for dt in (DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default):
         reg = reg.dtype_format(*[dt] * (n_inputs + 1))
-    return reg.target("CPU").get_op_info()
+    return ops.Custom(f"{kernel_path()}:{name}", out_shape=None, out_dtype=None, func_type="aot", bprop=bprop,
+                      reg_info=reg.target("CPU").get_op_info())
 
 
 def _cpu_op():
-    """The aot Custom op (one per Cell, so that it can be marked for recompute on its own); output shape and
-    dtype come from SwigluFwdInferShape/InferType in the .so."""
-    so = kernel_path()
-    bwd = ops.Custom(f"{so}:SwigluBwd", out_shape=None, out_dtype=None, func_type="aot",
-                     reg_info=reg_info("SwigluBwd", 2))
+    """The fused forward with its fused C++ backward (one per Cell, so that it can be marked for recompute on
+    its own)."""
+    bwd = aot_op("SwigluBwd", 2)
 
     def bprop(x, out, dout):
         return (bwd(x, dout),)  # [..., 2I] = [d_gate, d_up]
 
-    return ops.Custom(f"{so}:SwigluFwd", out_shape=None, out_dtype=None, func_type="aot",
-                      bprop=bprop, reg_info=reg_info("SwigluFwd", 1))
+    return aot_op("SwigluFwd", 1, bprop)
 
 
 @kernel

@@ -24,7 +24,7 @@ from mindspore.common import dtype as mstype
 from mindspore.common.initializer import HeUniform, initializer
 
 from ms_swiglu import _cpu_kernel
-from ms_swiglu.activation import SwiGLU, reg_info, resolve_backend
+from ms_swiglu.activation import SwiGLU, aot_op, resolve_backend
 from ms_swiglu.config import to_dtype
 
 MATMUL_TOKENS = (33, 256)  # float32 token counts where the cpu backend uses MindSpore's MatMul (see above)
@@ -64,11 +64,10 @@ class Dense(nn.Dense):
 def _cpu_op(swiglu):
     """``Linear`` or ``GateUpSwiglu`` from the .so (shape and dtype from its C++ InferShape/InferType). The
     backward runs MindSpore's MatMul in float32; with ``swiglu`` it recomputes ``[gate, up]`` first."""
-    so, f32 = _cpu_kernel.kernel_path(), mstype.float32
+    f32 = mstype.float32
     _cpu_kernel.gemm()  # binds oneDNN (MindSpore's libdnnl) in the .so
     mm, mm_ta, mm_tb = ops.MatMul(), ops.MatMul(transpose_a=True), ops.MatMul(transpose_b=True)
-    swiglu_bwd = ops.Custom(f"{so}:SwigluBwd", out_shape=None, out_dtype=None, func_type="aot",
-                            reg_info=reg_info("SwigluBwd", 2))
+    swiglu_bwd = aot_op("SwigluBwd", 2)
 
     def bprop(x, w, out, dout):
         # float32 before any reshape: the CPU has no bfloat16 Reshape
@@ -78,9 +77,7 @@ def _cpu_op(swiglu):
             dy = swiglu_bwd(mm_tb(x2, w2), dy)  # [T, 2I]: d_gate, d_up
         return mm(dy, w2).reshape(ops.shape(x)).astype(x.dtype), mm_ta(dy, x2).astype(w.dtype)
 
-    name = "GateUpSwiglu" if swiglu else "Linear"
-    return ops.Custom(f"{so}:{name}", out_shape=None, out_dtype=None, func_type="aot", bprop=bprop,
-                      reg_info=reg_info(name, 2))
+    return aot_op("GateUpSwiglu" if swiglu else "Linear", 2, bprop)
 
 
 class Linear(nn.Cell):
@@ -103,9 +100,10 @@ class Linear(nn.Cell):
         self.backend = resolve_backend(backend)
         self.weight = Parameter(initializer(HeUniform(math.sqrt(5)), [d_out, d_in], dtype), name="weight")
         self.fused = self.backend == "cpu"
-        self.act = SwiGLU(self.backend) if swiglu else None
-        self.matmul, self.upcast = ops.MatMul(transpose_b=True), cpu_upcast(dtype, self.backend)
         self.matmul_tokens = MATMUL_TOKENS if self.fused and dtype == mstype.float32 else None
+        self.matmul, self.upcast = ops.MatMul(transpose_b=True), cpu_upcast(dtype, self.backend)
+        # the SwiGLU op runs after MindSpore's MatMul: every backend but cpu, and cpu's float32 branch
+        self.act = SwiGLU(self.backend) if swiglu and (not self.fused or self.matmul_tokens) else None
         if self.fused:
             self.op = _cpu_op(swiglu)
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from ms_swiglu import PackedSwiGLUMLP, SwiGLUMLP, _cpu_kernel, to_packed
+from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.linear import Linear
 from conftest import DTYPES, LossCell, assert_close, ref_swiglu, ref_swiglu_grad, to_f64, to_tensor
 
@@ -16,8 +17,7 @@ def _in_dtype(a, dtype):
     if dtype != "bfloat16":
         cast = a.astype(NP_DTYPE[dtype])
         return cast, cast.astype(np.float64)
-    u = a.view(np.uint32)
-    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    bits = to_bf16_bits(a)
     return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 

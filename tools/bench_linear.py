@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 from ms_swiglu import _cpu_kernel
+from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
 from ms_swiglu.tools.timing import interleave, progress, write_json
 
@@ -20,10 +21,7 @@ NP_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
 def _cast(a, dtype):
-    if dtype != "bfloat16":
-        return a.astype(NP_DTYPE[dtype])
-    u = a.astype(np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return to_bf16_bits(a) if dtype == "bfloat16" else a.astype(NP_DTYPE[dtype])
 
 
 def _mlp_call(x, w_gate_up, w_down, act, out, dtype, skinny):

@@ -80,7 +80,6 @@ def _raw(tensor, dtype):
 def _build(req, backend):
     """(network, hidden_size, intermediate_size, model name) for the request, on `backend`."""
     from ms_swiglu.ffn import FFNBlock, FFNStack, load_ffn  # noqa: PLC0415
-    from ms_swiglu.linear import without_token_branch  # noqa: PLC0415
     from ms_swiglu.mlp import PackedSwiGLUMLP, load_mlp  # noqa: PLC0415
 
     import mindspore as ms  # noqa: PLC0415
@@ -109,7 +108,7 @@ def _build(req, backend):
         else:
             net = PackedSwiGLUMLP(hidden, inter, dtype=req.dtype or "float32", backend=backend)
     net.set_train(False)
-    return without_token_branch(net), hidden, inter, model
+    return net, hidden, inter, model
 
 
 def _golden_shapes(req):

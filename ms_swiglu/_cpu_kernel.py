@@ -1,4 +1,5 @@
 """Where the C++ SwiGLU kernel lives, and which ISA it runs (the .so is built by ``pip install``)."""
+import contextlib
 import ctypes
 import functools
 import glob
@@ -28,8 +29,7 @@ def _lib():
     lib.msw_add.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.msw_gemm.restype = ctypes.c_char_p
     lib.msw_gemm.argtypes = [ctypes.c_char_p]
-    lib.msw_skinny_max.restype = ctypes.c_int64
-    lib.msw_skinny_max.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.msw_route.argtypes = [ctypes.c_int, ctypes.c_int64]
     return lib
 
 
@@ -44,20 +44,39 @@ def _onednn_path():
 
 def gemm():
     """The GEMM the linear kernels use above the skinny range: 'onednn' (MindSpore's libdnnl.so.3, bound on
-    first call) or 'skinny' when it is missing or turned off."""
+    first call) or 'skinny' when it is missing."""
     return _lib().msw_gemm(_onednn_path().encode()).decode()
 
 
-def set_onednn(on):
-    """Turn the oneDNN path on or off (off: the skinny kernel for every token count; tests and benchmarks)."""
-    _lib().msw_set_onednn(int(bool(on)))
+ROUTES = ("skinny", "onednn", "onednn-swapped")
+DTYPES = ("float32", "float16", "bfloat16")
 
 
-def skinny_max(dtype, value=None):
-    """Largest token count the skinny kernel takes for `dtype` ('float32', 'float16', 'bfloat16'); sets it when
-    `value` is given. Above it the oneDNN GEMM runs."""
-    index = ("float32", "float16", "bfloat16").index(dtype)
-    return _lib().msw_skinny_max(index, -1 if value is None else int(value))
+def _dtype_index(dtype):
+    if dtype not in DTYPES:
+        raise ValueError(f"expected a dtype in {DTYPES}, got {dtype!r}")
+    return DTYPES.index(dtype)
+
+
+def route(dtype, tokens):
+    """How the linear kernels run `tokens` tokens of `dtype`: 'skinny' (each weight row streamed once for all
+    tokens), 'onednn' (y = x W^T) or 'onednn-swapped' (y^T = W x^T, the weights as oneDNN's source operand)."""
+    gemm()
+    return ROUTES[_lib().msw_route(_dtype_index(dtype), int(tokens))]
+
+
+@contextlib.contextmanager
+def forced_route(name):
+    """Within the block, every linear kernel call takes route `name` (tests and benchmarks); oneDNN routes fall
+    back to 'skinny' where oneDNN cannot run the dtype."""
+    if name not in ROUTES:
+        raise ValueError(f"expected a route in {ROUTES}, got {name!r}")
+    gemm()
+    previous = _lib().msw_force_route(ROUTES.index(name))
+    try:
+        yield
+    finally:
+        _lib().msw_force_route(previous)
 
 
 def read_sum(x):

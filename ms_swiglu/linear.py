@@ -3,16 +3,12 @@
 Shape legend: T = tokens (any leading dims).
 
 ``Linear(backend="cpu")`` is one call into the project's C++ library: a skinny GEMM that streams each weight row
-once for all tokens (decode), or oneDNN's GEMM (the library MindSpore's own CPU MatMul uses) for more tokens.
-Weights stay in their dtype (bfloat16 x bfloat16 products are exact in float32; float16 is widened as it is
-read), every sum is float32, and the result is rounded once. With ``swiglu=True`` the SwiGLU of the packed
-``[gate, up]`` output is the GEMM's epilogue, so ``[T, 2I]`` is never materialised.
-
-float32 between ``MATMUL_TOKENS`` takes MindSpore's MatMul (then the fused SwiGLU op) instead: measured
-here (``ms-swiglu bench``, interleaved), oneDNN's sgemm ran at 0.68x of MindSpore's MatMul at N=64 and 0.80x at
-N=128, and 1.07x at N=512. The choice is a runtime branch on N inside the one compiled graph. A graph for
-export drops the branch (:func:`without_token_branch`): MindSpore 2.10 cannot run a reloaded MindIR that has
-it at N in that range ("The actor already exists: Default/Switch-op0...", measured).
+once for all tokens (decode), or oneDNN's matmul (from the libdnnl MindSpore ships) for more tokens, reading
+the weights in place; for mid token counts with the roles swapped (``y^T = W x^T``), which runs faster here
+(``tools/bench_linear.py``; :func:`ms_swiglu._cpu_kernel.route` tells which). Weights stay in their dtype
+(bfloat16 and float16 products are exact in float32), every sum is float32, and the result is rounded once.
+With ``swiglu=True`` the SwiGLU of the packed ``[gate, up]`` output is the GEMM's epilogue, so ``[T, 2I]`` is
+never materialised.
 
 Other backends run MindSpore's MatMul followed by the :class:`~ms_swiglu.activation.SwiGLU` of that backend.
 """
@@ -26,8 +22,6 @@ from mindspore.common.initializer import HeUniform, initializer
 from ms_swiglu import _cpu_kernel
 from ms_swiglu.activation import SwiGLU, aot_op, resolve_backend
 from ms_swiglu.config import to_dtype
-
-MATMUL_TOKENS = (33, 256)  # float32 token counts where the cpu backend uses MindSpore's MatMul (see above)
 
 
 def cpu_upcast(dtype, backend="auto"):
@@ -100,30 +94,14 @@ class Linear(nn.Cell):
         self.backend = resolve_backend(backend)
         self.weight = Parameter(initializer(HeUniform(math.sqrt(5)), [d_out, d_in], dtype), name="weight")
         self.fused = self.backend == "cpu"
-        self.matmul_tokens = MATMUL_TOKENS if self.fused and dtype == mstype.float32 else None
-        self.matmul, self.upcast = ops.MatMul(transpose_b=True), cpu_upcast(dtype, self.backend)
-        # the SwiGLU op runs after MindSpore's MatMul: every backend but cpu, and cpu's float32 branch
-        self.act = SwiGLU(self.backend) if swiglu and (not self.fused or self.matmul_tokens) else None
         if self.fused:
             self.op = _cpu_op(swiglu)
+        else:
+            self.matmul, self.upcast = ops.MatMul(transpose_b=True), cpu_upcast(dtype, self.backend)
+            self.act = SwiGLU(self.backend) if swiglu else None
 
     def construct(self, x):
-        if self.fused and self.matmul_tokens is None:
-            return self.op(x, self.weight)
         if self.fused:
-            n = ops.shape(x.reshape(-1, ops.shape(self.weight)[1]))[0]  # tokens: a runtime value
-            if n < self.matmul_tokens[0] or n > self.matmul_tokens[1]:
-                return self.op(x, self.weight)
-            y = _matmul(self.matmul, x.astype(mstype.float32), self.weight, False)  # amp may have cast x
-            return (y if self.act is None else self.act(y)).astype(x.dtype)
+            return self.op(x, self.weight)
         y = _matmul(self.matmul, x, self.weight, self.upcast)
         return y if self.act is None else self.act(y)
-
-
-def without_token_branch(net):
-    """``net`` with every float32 cpu :class:`Linear` running the C++ GEMMs at every N (no runtime branch on
-    N): for MindIR export, whose reload cannot take the branch. Call before the first compile."""
-    for _, cell in net.cells_and_names():
-        if isinstance(cell, Linear):
-            cell.matmul_tokens = None
-    return net

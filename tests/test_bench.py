@@ -47,7 +47,7 @@ def test_bandwidth_probes_compute_what_they_read():
     np.testing.assert_array_equal(c, a + b)
 
 
-def test_bench_linear_times_both_gemm_paths(tmp_path):
+def test_bench_linear_times_every_route(tmp_path):
     from ms_swiglu.tools import bench_linear
 
     assert bench_linear.main(["--preset", "tiny", "--tokens", "1", "9", "--dtype", "float32", "bfloat16",
@@ -55,7 +55,8 @@ def test_bench_linear_times_both_gemm_paths(tmp_path):
     data = json.loads((tmp_path / "l.json").read_text())
     assert [(r["dtype"], r["tokens"]) for r in data["rows"]] == [
         ("float32", 1), ("float32", 9), ("bfloat16", 1), ("bfloat16", 9)]
-    for r in data["rows"]:
-        assert r["skinny"]["median_s"] > 0 and r["onednn"]["median_s"] > 0 and r["skinny"]["weight_gbps"] > 0
     from ms_swiglu import _cpu_kernel
-    assert _cpu_kernel.skinny_max("float32") == data["rows"][0]["skinny_max"]  # restored after the forcing
+    for r in data["rows"]:
+        assert all(r[route]["median_s"] > 0 for route in _cpu_kernel.ROUTES) and r["skinny"]["weight_gbps"] > 0
+        assert r["route"] == _cpu_kernel.route(r["dtype"], r["tokens"])  # the automatic choice, restored after forcing
+    assert [r["route"] for r in data["rows"]] == ["skinny", "onednn-swapped", "skinny", "onednn"]

@@ -40,9 +40,8 @@ def _check_kernel(n, k, m, dtype, swiglu, seed=0):
 @pytest.fixture
 def skinny_only():
     """The skinny kernel for every token count (restored afterwards)."""
-    _cpu_kernel.set_onednn(False)
-    yield
-    _cpu_kernel.set_onednn(True)
+    with _cpu_kernel.forced_route("skinny"):
+        yield
 
 
 def test_onednn_is_bound():
@@ -70,23 +69,44 @@ def test_skinny_every_isa(isa, skinny_only):
         _cpu_kernel.set_isa("avx512")
 
 
+def _has_fp16_matmul():
+    flags = open("/proc/cpuinfo").read().split()
+    return "avx512_fp16" in flags or "avx_vnni_int8" in flags  # oneDNN's float16 matmul: AVX512-FP16 or AVX2-VNNI-2
+
+
 @pytest.mark.parametrize("dtype", list(NP_DTYPE))
 @pytest.mark.parametrize("swiglu", [False, True], ids=["linear", "gate_up_swiglu"])
-def test_onednn_path(dtype, swiglu):
-    n = _cpu_kernel.skinny_max(dtype) + 3  # above the skinny range
-    # 2500 rows: more than one 1024-row block, and a partial last block
-    _check_kernel(n, 129, 2500, dtype, swiglu)
+@pytest.mark.parametrize("route", ["onednn", "onednn-swapped"])
+def test_onednn_routes(dtype, swiglu, route):
+    # 2500 rows: more than one 1024-row block, and a partial last block; 1 and 19 tokens (odd, not a tile size)
+    with _cpu_kernel.forced_route(route):
+        for n in (1, 19):
+            _check_kernel(n, 129, 2500, dtype, swiglu, seed=n)
 
 
-def test_skinny_max_is_settable_and_checked():
-    old = _cpu_kernel.skinny_max("float32")
-    try:
-        assert _cpu_kernel.skinny_max("float32", 0) == 0
-        _check_kernel(1, 64, 40, "float32", True)  # one token through oneDNN
-    finally:
-        _cpu_kernel.skinny_max("float32", old)
-    with pytest.raises(ValueError):
-        _cpu_kernel.skinny_max("float64")
+def test_more_token_counts_than_the_matmul_cache_holds():
+    # each token count is a new oneDNN primitive; past 256 the cache is dropped and rebuilt (dynamic N)
+    with _cpu_kernel.forced_route("onednn"):
+        for n in range(1, 300):
+            _check_kernel(n, 8, 6, "float32", n % 2 == 0, seed=n)
+
+
+def test_default_routes():
+    # measured crossovers (tools/bench_linear.py): skinny for decode, swapped oneDNN in the middle, oneDNN above
+    assert _cpu_kernel.route("float16", 100) == ("onednn" if _has_fp16_matmul() else "skinny")
+    for dtype, n, expected in (("float32", 1, "skinny"), ("float32", 8, "skinny"), ("float32", 9, "onednn-swapped"),
+                               ("float32", 192, "onednn-swapped"), ("float32", 193, "onednn"),
+                               ("bfloat16", 4, "skinny"), ("bfloat16", 5, "onednn"), ("bfloat16", 32, "onednn-swapped"),
+                               ("float16", 12, "skinny")):
+        assert _cpu_kernel.route(dtype, n) == expected, (dtype, n)
+    with _cpu_kernel.forced_route("onednn"):
+        assert _cpu_kernel.route("float32", 1) == "onednn"
+    assert _cpu_kernel.route("float32", 1) == "skinny"  # restored
+    with pytest.raises(ValueError, match="expected a route in"):
+        with _cpu_kernel.forced_route("mkl"):
+            pass
+    with pytest.raises(ValueError, match="expected a dtype in"):
+        _cpu_kernel.route("float64", 8)
 
 
 def test_empty_and_mismatched_inputs():
@@ -144,13 +164,11 @@ def test_cpu_mlp_is_two_kernel_calls_and_keeps_weight_dtype():
 
 
 def test_cpu_mlp_export_reloads_with_dynamic_tokens(tmp_path):
-    """A MindIR of the cpu MLP (Custom ops with reg_info and C++ InferShape; exported without the float32
-    token-count branch, which a reloaded MindIR cannot run) reloads and runs at any N; vs float64 NumPy."""
-    from ms_swiglu.linear import without_token_branch
-
+    """A MindIR of the cpu MLP (Custom ops with reg_info and C++ InferShape) reloads and runs at any N, on
+    every route of the kernels; vs float64 NumPy."""
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(1)
-    net = without_token_branch(PackedSwiGLUMLP(32, 48, backend="cpu"))
+    net = PackedSwiGLUMLP(32, 48, backend="cpu")
     gate_up, down = to_f64(net.gate_up_proj.weight), to_f64(net.down_proj.weight)
     ms.export(net, ms.Tensor(shape=[None, 32], dtype=ms.float32), file_name=str(tmp_path / "mlp"),
               file_format="MINDIR")
@@ -158,27 +176,3 @@ def test_cpu_mlp_export_reloads_with_dynamic_tokens(tmp_path):
     for n in (1, 40, 300):
         x, x64 = to_tensor(np.random.default_rng(n).standard_normal((n, 32)), "float32")
         assert_close(loaded(x), ref_swiglu(x64 @ gate_up.T) @ down.T, "float32", f"reloaded N={n}")
-
-
-def test_float32_mid_token_counts_take_mindspore_matmul_in_the_same_graph():
-    """float32 with MATMUL_TOKENS[0] <= N <= MATMUL_TOKENS[1] runs MindSpore's MatMul + the fused SwiGLU op
-    (faster here than oneDNN's sgemm); fewer or more tokens run the C++ GEMMs; one compile serves all."""
-    from ms_swiglu.linear import MATMUL_TOKENS
-
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_seed(2)
-    base = SwiGLUMLP(32, 48)
-    packed = to_packed(base, backend="cpu")
-    packed.set_inputs(ms.Tensor(shape=[None, None, 32], dtype=ms.float32))
-    weights = [to_f64(p) for p in (base.gate_proj.weight, base.up_proj.weight, base.down_proj.weight)]
-    lo, hi = MATMUL_TOKENS
-    for (b, s), kernel in (((1, lo - 1), "gate_up_swiglu"), ((1, lo), "forward"), ((2, hi // 2), "forward"),
-                           ((1, hi + 1), "gate_up_swiglu")):
-        x, x64 = to_tensor(np.random.default_rng(s).standard_normal((b, s, 32)), "float32")
-        before = _cpu_kernel.launches()
-        y = packed(x)
-        delta = {k: v - before[k] for k, v in _cpu_kernel.launches().items()}
-        assert delta[kernel] == 1 and sum(delta.values()) == (2 if kernel == "gate_up_swiglu" else 1), (s, delta)
-        ref = ref_swiglu(np.concatenate([x64 @ weights[0].T, x64 @ weights[1].T], -1)) @ weights[2].T
-        assert_close(y, ref, "float32", f"N={b * s}")
-    assert len(packed.compile_cache) == 1

@@ -1,10 +1,11 @@
-"""The C++ linear kernels alone (no MindSpore graph): the skinny GEMM against oneDNN per token count and dtype.
+"""The C++ linear kernels alone (no MindSpore graph): each route per token count and dtype.
 
 One MLP's worth of kernel calls (GateUpSwiglu [N,H]x[2I,H]^T, then Linear [N,I]x[H,I]^T) is timed with each
-GEMM forced, interleaved, so the rows show where the skinny kernel stops paying (the `skinny_max` defaults in
-csrc/swiglu.cc come from this table) and how close the decode path gets to the read bandwidth.
+route forced, interleaved: the skinny kernel, oneDNN (y = x W^T) and oneDNN swapped (y^T = W x^T). The rows
+show where each route pays (the kSkinnyMax / kSwap defaults in csrc/swiglu.cc come from this table) and how
+close the decode path gets to the read bandwidth.
 
-Usage: python -m ms_swiglu.tools.bench_linear [--preset llama-7b] [--tokens 1 4 8 16 32 64 128]
+Usage: python -m ms_swiglu.tools.bench_linear [--preset llama-7b] [--tokens 1 4 8 16 32 64 128 256 512]
                                               [--dtype float32 float16 bfloat16] [--rounds 5] [--json F]
 """
 import argparse
@@ -24,17 +25,11 @@ def _cast(a, dtype):
     return to_bf16_bits(a) if dtype == "bfloat16" else a.astype(NP_DTYPE[dtype])
 
 
-def _mlp_call(x, w_gate_up, w_down, act, out, dtype, skinny):
+def _mlp_call(x, w_gate_up, w_down, act, out, dtype, route):
     def call():
-        _cpu_kernel.set_onednn(not skinny)
-        limit = _cpu_kernel.skinny_max(dtype)
-        _cpu_kernel.skinny_max(dtype, 1 << 40 if skinny else 0)
-        try:
+        with _cpu_kernel.forced_route(route):
             _cpu_kernel.linear(x, w_gate_up, act, dtype, swiglu=True)
             _cpu_kernel.linear(act, w_down, out, dtype)
-        finally:
-            _cpu_kernel.skinny_max(dtype, limit)
-            _cpu_kernel.set_onednn(True)
     return call
 
 
@@ -54,27 +49,28 @@ def run(args):
         for n in args.tokens:
             x = _cast(rng.standard_normal((n, hidden), dtype=np.float32), dtype)
             act, out = np.empty((n, inter), NP_DTYPE[dtype]), np.empty((n, hidden), NP_DTYPE[dtype])
-            st = interleave({path: _mlp_call(x, wg, wd, act, out, dtype, path == "skinny")
-                             for path in ("skinny", "onednn")}, args.rounds, warmup=1)
-            row = {"dtype": dtype, "tokens": n, "skinny_max": _cpu_kernel.skinny_max(dtype)}
-            for path, s in st.items():
-                row[path] = dict(s, gflops=6 * n * hidden * inter / s["median_s"] / 1e9,
-                                 weight_gbps=(wg.nbytes + wd.nbytes) / s["median_s"] / 1e9)
+            st = interleave({r: _mlp_call(x, wg, wd, act, out, dtype, r) for r in _cpu_kernel.ROUTES},
+                            args.rounds, warmup=1)
+            row = {"dtype": dtype, "tokens": n, "route": _cpu_kernel.route(dtype, n)}
+            for r, s in st.items():
+                row[r] = dict(s, gflops=6 * n * hidden * inter / s["median_s"] / 1e9,
+                              weight_gbps=(wg.nbytes + wd.nbytes) / s["median_s"] / 1e9)
             rows.append(row)
             done += 1
             progress("bench_linear", done, len(args.dtype) * len(args.tokens), "cells")
-            sk, od = row["skinny"], row["onednn"]
-            print(f"{dtype:>9} N={n:<4} skinny {sk['median_s'] * 1e3:8.2f} ms {sk['gflops']:6.1f} GFLOP/s "
-                  f"{sk['weight_gbps']:5.1f} GB/s ({sk['weight_gbps'] / read_bw:4.0%} of read) | onednn "
-                  f"{od['median_s'] * 1e3:8.2f} ms {od['gflops']:6.1f} GFLOP/s | skinny/onednn "
-                  f"{od['median_s'] / sk['median_s']:5.2f}x  (runs skinny up to N={row['skinny_max']})", flush=True)
+            best = min(_cpu_kernel.ROUTES, key=lambda r: row[r]["median_s"])
+            cells = " | ".join(f"{r} {row[r]['median_s'] * 1e3:8.2f} ms {row[r]['gflops']:6.1f} GFLOP/s"
+                               for r in _cpu_kernel.ROUTES)
+            sk = row["skinny"]
+            print(f"{dtype:>9} N={n:<4} {cells} | skinny {sk['weight_gbps']:5.1f} GB/s "
+                  f"({sk['weight_gbps'] / read_bw:4.0%} of read) | fastest {best}, default {row['route']}", flush=True)
     return {"preset": args.preset, "read_gbps": read_bw, "rows": rows}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="llama-7b", choices=sorted(PRESETS))
-    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64, 128])
+    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64, 128, 256, 512])
     parser.add_argument("--dtype", nargs="+", default=list(DTYPE_NAMES), choices=DTYPE_NAMES)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")

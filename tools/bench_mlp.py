@@ -52,10 +52,7 @@ def activation_bytes(variant, n, hidden, inter, dtype):
     if variant == "packed-composite":  # gate_up, the float32 split halves, silu, product (f32), cast, out
         f32 = 4
         return 2 * n * inter * s + (4 * n * inter) * f32 + n * inter * s + n * hidden * s
-    from ms_swiglu.linear import MATMUL_TOKENS  # noqa: PLC0415
-
-    mid = dtype == "float32" and MATMUL_TOKENS[0] <= n <= MATMUL_TOKENS[1]  # there: MatMul + the SwiGLU op
-    if variant == "packed-cpu" and not mid:  # activation, out, the float32 staging [N, 2 x 1024] of oneDNN's calls
+    if variant == "packed-cpu":  # activation, out, the float32 staging [N, 2 x 1024] of oneDNN's calls
         return n * inter * s + n * hidden * s + 4 * n * 2 * min(1024, inter)
     return 2 * n * inter * s + n * inter * s + n * hidden * s  # Dense + SwiGLU op: gate_up, activation, out
 

@@ -14,7 +14,10 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <tuple>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -160,10 +163,11 @@ void rows_inter(int ndim, const int64_t *shape, int64_t *rows, int64_t *inter) {
 
 // ---- Linear layers: y = x w^T with w [M, K] as stored by Dense / HuggingFace ----------------------------
 // Few tokens (decode): the skinny kernel above, which reads each weight row once for all tokens. More tokens:
-// oneDNN's GEMM, the one MindSpore's own CPU MatMul uses (libdnnl.so.3, already loaded by MindSpore), called
-// through its threadpool interface with OpenMP threads: float32 sgemm, bfloat16 x bfloat16 -> float32 (AMX or
-// AVX512-BF16 where the CPU has them; the products are exact, the sums float32), float16 widened to float32 one
-// block of weight rows at a time. Without oneDNN every size takes the skinny kernel.
+// oneDNN's matmul primitive from MindSpore's own libdnnl.so.3 (already loaded by MindSpore), run through its
+// threadpool interface with OpenMP threads. It reads the weights in place (strides {1, K}: no packed copy, so
+// nothing goes stale when a weight changes) and picks brgemm for this CPU: AVX-512 for float32, AMX for
+// bfloat16, AVX512-FP16 for float16; the products are exact, every sum is float32. Without oneDNN every size
+// takes the skinny kernel.
 namespace dnnl_tp {  // oneDNN's dnnl::threadpool_interop::threadpool_iface, ABI-compatible
 struct threadpool_iface {
   virtual int get_num_threads() const = 0;
@@ -184,102 +188,185 @@ struct OmpPool final : dnnl_tp::threadpool_iface {
   uint64_t get_flags() const override { return 0; }
 };
 
-using SgemmFn = int (*)(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
-                        float, float *, int64_t, void *);
-using BgemmFn = int (*)(char, char, int64_t, int64_t, int64_t, float, const uint16_t *, int64_t, const uint16_t *,
-                        int64_t, float, float *, int64_t, void *);
+// The slice of oneDNN's C API (dnnl.h, v3) used here. Handles are opaque; 0 is dnnl_success.
+using Handle = void *;
+struct ExecArg {
+  int arg;
+  Handle memory;
+};
+constexpr int kArgSrc = 1, kArgDst = 17, kArgWeights = 33, kEngineCpu = 1;
+constexpr int kDnnlType[3] = {3, 1, 2};  // dnnl_f32, dnnl_f16, dnnl_bf16 by dtype index
 struct Dnnl {
-  SgemmFn sgemm = nullptr;
-  BgemmFn bgemm = nullptr;
+  int (*engine_create)(Handle *, int, size_t);
+  int (*stream_create)(Handle *, Handle, void *);  // dnnl_threadpool_interop_stream_create
+  int (*md_create)(Handle *, int, const int64_t *, int, const int64_t *);
+  int (*md_destroy)(Handle);
+  int (*matmul_pd_create)(Handle *, Handle, Handle, Handle, Handle, Handle, Handle);
+  int (*pd_destroy)(Handle);
+  int (*primitive_create)(Handle *, Handle);
+  int (*primitive_destroy)(Handle);
+  int (*memory_create)(Handle *, Handle, Handle, void *);
+  int (*memory_destroy)(Handle);
+  int (*execute)(Handle, Handle, int, const ExecArg *);
+  int (*stream_wait)(Handle);
+  Handle engine = nullptr;
   OmpPool pool;
 };
 std::mutex g_dnnl_mutex;
 Dnnl g_dnnl;
 bool g_dnnl_tried = false;
-bool g_dnnl_off = false;  // tests and benchmarks force the skinny kernel for every size
+
+template <typename F>
+bool sym(void *h, F &f, const char *name) {
+  return (f = reinterpret_cast<F>(dlsym(h, name))) != nullptr;
+}
 
 bool bind_dnnl(void *h) {
-  if (!h) return false;
-  g_dnnl.sgemm = reinterpret_cast<SgemmFn>(dlsym(h, "dnnl_threadpool_interop_sgemm"));
-  g_dnnl.bgemm = reinterpret_cast<BgemmFn>(dlsym(h, "dnnl_threadpool_interop_gemm_bf16bf16f32"));
-  return g_dnnl.sgemm && g_dnnl.bgemm;
+  Dnnl &g = g_dnnl;
+  return h && sym(h, g.engine_create, "dnnl_engine_create") &&
+         sym(h, g.stream_create, "dnnl_threadpool_interop_stream_create") &&
+         sym(h, g.md_create, "dnnl_memory_desc_create_with_strides") &&
+         sym(h, g.md_destroy, "dnnl_memory_desc_destroy") &&
+         sym(h, g.matmul_pd_create, "dnnl_matmul_primitive_desc_create") &&
+         sym(h, g.pd_destroy, "dnnl_primitive_desc_destroy") && sym(h, g.primitive_create, "dnnl_primitive_create") &&
+         sym(h, g.primitive_destroy, "dnnl_primitive_destroy") &&
+         sym(h, g.memory_create, "dnnl_memory_create") && sym(h, g.memory_destroy, "dnnl_memory_destroy") &&
+         sym(h, g.execute, "dnnl_primitive_execute") && sym(h, g.stream_wait, "dnnl_stream_wait") &&
+         g.engine_create(&g.engine, kEngineCpu, 0) == 0;
 }
 
 const Dnnl *dnnl() {
   std::lock_guard<std::mutex> lock(g_dnnl_mutex);
   if (!g_dnnl_tried) {
     g_dnnl_tried = true;
-    if (!bind_dnnl(dlopen("libdnnl.so.3", RTLD_NOW | RTLD_NOLOAD))) g_dnnl.sgemm = nullptr, g_dnnl.bgemm = nullptr;
+    bind_dnnl(dlopen("libdnnl.so.3", RTLD_NOW | RTLD_NOLOAD));
   }
-  return g_dnnl_off || !g_dnnl.sgemm ? nullptr : &g_dnnl;
+  return g_dnnl.engine ? &g_dnnl : nullptr;
 }
 
-// Token counts up to which the skinny kernel beats oneDNN here (float32, float16, bfloat16; measured with
-// tools/bench_linear.py at llama-7b shapes: oneDNN's bfloat16 GEMM uses AMX from 8 tokens).
-int64_t g_skinny_max[3] = {32, 64, 4};
+// One matmul primitive per shape: c [na, nb] (row stride ldc, float32 or the dtype) = a [na, k] b^T, b [nb, k],
+// a and b row-major in the dtype. Kept per (dtype, out dtype, na, nb, k, ldc); the cache is dropped when it
+// holds kMaxMatmuls (dynamic token counts), calls still running keep theirs alive.
+struct Matmul {
+  const Dnnl *dn;
+  Handle primitive = nullptr, md[3] = {};  // src, weights, dst
+  ~Matmul() {
+    if (primitive) dn->primitive_destroy(primitive);
+    for (Handle h : md)
+      if (h) dn->md_destroy(h);
+  }
+};
+constexpr size_t kMaxMatmuls = 256;
+std::map<std::tuple<int, int, int64_t, int64_t, int64_t, int64_t>, std::shared_ptr<Matmul>> g_matmuls;
+
+std::shared_ptr<Matmul> matmul(const Dnnl &dn, int d, int dst_d, int64_t na, int64_t nb, int64_t k, int64_t ldc) {
+  std::lock_guard<std::mutex> lock(g_dnnl_mutex);
+  auto key = std::make_tuple(d, dst_d, na, nb, k, ldc);
+  auto it = g_matmuls.find(key);
+  if (it != g_matmuls.end()) return it->second;
+  const int64_t dims[3][2] = {{na, k}, {k, nb}, {na, nb}}, strides[3][2] = {{k, 1}, {1, k}, {ldc, 1}};
+  auto mm = std::make_shared<Matmul>();
+  mm->dn = &dn;
+  Handle pd = nullptr;
+  bool ok = true;
+  for (int i = 0; i < 3; ++i) ok = ok && dn.md_create(&mm->md[i], 2, dims[i], kDnnlType[i == 2 ? dst_d : d], strides[i]) == 0;
+  ok = ok && dn.matmul_pd_create(&pd, dn.engine, mm->md[0], mm->md[1], nullptr, mm->md[2], nullptr) == 0;
+  ok = ok && dn.primitive_create(&mm->primitive, pd) == 0;
+  if (pd) dn.pd_destroy(pd);
+  if (!ok) return nullptr;  // e.g. no float16 matmul on this CPU: the caller takes the skinny kernel
+  if (g_matmuls.size() >= kMaxMatmuls) g_matmuls.clear();
+  return g_matmuls[key] = mm;
+}
+
+// c [na, nb] = a b^T by oneDNN (see matmul); false when oneDNN cannot run it.
+bool gemm(const Dnnl &dn, int d, const void *a, int64_t na, const void *b, int64_t nb, int64_t k, void *c,
+          int dst_d, int64_t ldc) {
+  const std::shared_ptr<Matmul> mm = matmul(dn, d, dst_d, na, nb, k, ldc);
+  if (!mm) return false;
+  thread_local Handle stream = nullptr;
+  if (!stream && dn.stream_create(&stream, dn.engine, const_cast<OmpPool *>(&dn.pool)) != 0) return false;
+  Handle mem[3] = {};
+  const void *data[3] = {a, b, c};
+  bool ok = true;
+  for (int i = 0; i < 3; ++i) ok = ok && dn.memory_create(&mem[i], mm->md[i], dn.engine, const_cast<void *>(data[i])) == 0;
+  const ExecArg args[3] = {{kArgSrc, mem[0]}, {kArgWeights, mem[1]}, {kArgDst, mem[2]}};
+  ok = ok && dn.execute(mm->primitive, stream, 3, args) == 0 && dn.stream_wait(stream) == 0;
+  for (Handle h : mem)
+    if (h) dn.memory_destroy(h);
+  return ok;
+}
+
+// Whether this oneDNN has a matmul for the dtype on this CPU (float16 needs AVX512-FP16 or AVX2-VNNI-2).
+bool onednn_takes(const Dnnl &dn, int d) {
+  static std::atomic<int> known[3] = {-1, -1, -1};
+  if (known[d] < 0) known[d] = matmul(dn, d, d, 2, 16, 16, 16) != nullptr;
+  return known[d] == 1;
+}
+
+// How a linear op runs: the skinny kernel, oneDNN (c = x w^T), or oneDNN with the roles swapped (c^T = w x^T:
+// the weights as its source operand, read in place, then the block transposed back). By dtype (float32,
+// float16, bfloat16): the skinny kernel up to kSkinnyMax tokens, swapped within kSwap; both measured with
+// tools/bench_linear.py at llama-7b shapes.
+enum Route { kSkinny, kOnednn, kSwapped };
+constexpr int64_t kSkinnyMax[3] = {8, 12, 4};
+constexpr int64_t kSwap[3][2] = {{9, 192}, {1, 0}, {32, 192}};  // float16: swapping gained nothing measurable
+std::atomic<int> g_forced_route{-1};  // tests and benchmarks force one route for every size
+
+Route route(int d, int64_t n) {
+  const int forced = g_forced_route;
+  const Route r = forced >= 0 ? Route(forced)
+                  : n <= kSkinnyMax[d] ? kSkinny
+                  : n >= kSwap[d][0] && n <= kSwap[d][1] ? kSwapped : kOnednn;
+  const Dnnl *dn = r == kSkinny ? nullptr : dnnl();
+  return dn && onednn_takes(*dn, d) ? r : kSkinny;
+}
 
 struct Op {
   int d;                 // dtype index
   const void *x;         // [n, k] in the dtype
-  const float *xf;       // x as float32 (x itself for float32)
+  const float *xf;       // x as float32 (x itself for float32); only for the skinny kernel
   int64_t n, k;
   const LinearKernels *lk;
+  const Dnnl *dn;        // oneDNN when it takes this call, else null
+  bool swapped;          // oneDNN with the roles swapped
   size_t es() const { return d == 0 ? 4 : 2; }
   const char *row(const void *w, int64_t r) const { return static_cast<const char *>(w) + r * k * es(); }
 };
 
-std::vector<float> widen_x(const Op &op) {
-  std::vector<float> xf(op.d == 0 ? 0 : op.n * op.k);
-  if (op.d != 0) {
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < op.n; ++t) op.lk->to_float[op.d](op.row(op.x, t), xf.data() + t * op.k, op.k);
+// Weight rows per oneDNN call when its output goes through a float32 block first.
+constexpr int64_t kBlockRows = 1024;
+
+// y[t, ldy * t + j0 + j] (dtype) = ct[j * n + t], j < cols: a swapped GEMM's block transposed back, rounded once.
+void store_transposed(const Op &op, const float *ct, int64_t cols, void *y, int64_t ldy, int64_t j0) {
+#pragma omp parallel
+  {
+    std::vector<float> row(cols);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < op.n; ++t) {
+      for (int64_t j = 0; j < cols; ++j) row[j] = ct[j * op.n + t];
+      op.lk->from_float[op.d](row.data(), static_cast<char *>(y) + (t * ldy + j0) * op.es(), cols);
+    }
   }
-  return xf;
 }
 
-// c[t * ldc + j] = sum_k x[t, k] * w[j, k] for j < rows, by oneDNN. scratch: float16 weights widened.
-void gemm_rows(const Dnnl &dn, const Op &op, const void *w, int64_t rows, float *c, int64_t ldc,
-               std::vector<float> &scratch) {
-  if (op.d == 2) {
-    dn.bgemm('N', 'T', op.n, rows, op.k, 1.0f, static_cast<const uint16_t *>(op.x), op.k,
-             static_cast<const uint16_t *>(w), op.k, 0.0f, c, ldc, (void *)&dn.pool);
-    return;
-  }
-  const float *wf = static_cast<const float *>(w);
-  if (op.d == 1) {
-    scratch.resize(rows * op.k);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) op.lk->to_float[1](op.row(w, r), scratch.data() + r * op.k, op.k);
-    wf = scratch.data();
-  }
-  dn.sgemm('N', 'T', op.n, rows, op.k, 1.0f, op.xf, op.k, wf, op.k, 0.0f, c, ldc, (void *)&dn.pool);
-}
-
-// Weight rows per oneDNN call when the output needs a float32 staging block: ~16 MiB of widened float16 rows.
-int64_t block_rows(const Op &op, int64_t m) {
-  int64_t b = op.d == 1 ? std::max<int64_t>(64, (int64_t(4) << 20) / std::max<int64_t>(op.k, 1)) : 1024;
-  return std::min(b, m);
+// c = (x w_rows^T) [n, rows] into c (ldc), or swapped, c^T = w_rows x^T [rows, n]; float32.
+bool gemm_block(const Op &op, bool swap, const void *w_rows, int64_t rows, float *c, int64_t ldc) {
+  return swap ? gemm(*op.dn, op.d, w_rows, rows, op.x, op.n, op.k, c, 0, op.n)
+              : gemm(*op.dn, op.d, op.x, op.n, w_rows, rows, op.k, c, 0, ldc);
 }
 
 // y [n, m] = x [n, k] w^T, w [m, k]
-void linear(const Op &op, const void *w, int64_t m, void *y) {
-  const Dnnl *dn = dnnl();
-  if (dn && op.n > g_skinny_max[op.d]) {
-    if (op.d == 0) {
-      dn->sgemm('N', 'T', op.n, m, op.k, 1.0f, op.xf, op.k, static_cast<const float *>(w), op.k, 0.0f,
-                static_cast<float *>(y), m, (void *)&dn->pool);
-      return;
-    }
-    const int64_t b = block_rows(op, m);
-    std::vector<float> c(op.n * b), scratch;
+bool linear(const Op &op, const void *w, int64_t m, void *y) {
+  if (op.dn && !op.swapped) return gemm(*op.dn, op.d, op.x, op.n, w, m, op.k, y, op.d, m);
+  if (op.dn) {
+    const int64_t b = std::min(kBlockRows, m);
+    std::vector<float> ct(b * op.n);
     for (int64_t j0 = 0; j0 < m; j0 += b) {
       const int64_t rows = std::min(b, m - j0);
-      gemm_rows(*dn, op, op.row(w, j0), rows, c.data(), rows, scratch);
-#pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < op.n; ++t)
-        op.lk->from_float[op.d](c.data() + t * rows, static_cast<char *>(y) + (t * m + j0) * op.es(), rows);
+      if (!gemm_block(op, true, op.row(w, j0), rows, ct.data(), op.n)) return false;
+      store_transposed(op, ct.data(), rows, y, m, j0);
     }
-    return;
+    return true;
   }
   constexpr int64_t kRows = 64;
 #pragma omp parallel
@@ -297,27 +384,36 @@ void linear(const Op &op, const void *w, int64_t m, void *y) {
         op.lk->from_float[op.d](c.data() + t * kRows, static_cast<char *>(y) + (t * m + j0) * op.es(), rows);
     }
   }
+  return true;
 }
 
 // y [n, inter] = silu(x w_gate^T) * (x w_up^T), w = [w_gate; w_up] [2 inter, k]: the SwiGLU is the GEMM's
 // epilogue, applied to one block of columns at a time, so [n, 2 inter] never exists.
-void gate_up_swiglu(const Op &op, const void *w, int64_t inter, void *y) {
-  const Dnnl *dn = dnnl();
+bool gate_up_swiglu(const Op &op, const void *w, int64_t inter, void *y) {
   auto epilogue = [&](const float *c, int64_t ldc, int64_t t, int64_t j0, int64_t cols) {  // c: [gate | up]
     op.lk->swiglu_from_float[op.d](c + t * ldc, c + t * ldc + cols, static_cast<char *>(y) + (t * inter + j0) * op.es(),
                                   cols);
   };
-  if (dn && op.n > g_skinny_max[op.d]) {
-    const int64_t b = block_rows(op, inter);
-    std::vector<float> c(op.n * 2 * b), scratch;
+  if (op.dn) {
+    const bool swap = op.swapped;
+    const int64_t b = std::min(kBlockRows, inter);
+    std::vector<float> c(op.n * 2 * b);  // [n, gate | up], or swapped [gate; up] x [n]
     for (int64_t j0 = 0; j0 < inter; j0 += b) {
-      const int64_t cols = std::min(b, inter - j0);
-      gemm_rows(*dn, op, op.row(w, j0), cols, c.data(), 2 * cols, scratch);
-      gemm_rows(*dn, op, op.row(w, inter + j0), cols, c.data() + cols, 2 * cols, scratch);
+      const int64_t cols = std::min(b, inter - j0), up = swap ? cols * op.n : cols;
+      if (!gemm_block(op, swap, op.row(w, j0), cols, c.data(), 2 * cols) ||
+          !gemm_block(op, swap, op.row(w, inter + j0), cols, c.data() + up, 2 * cols))
+        return false;
+      if (!swap) {
 #pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < op.n; ++t) epilogue(c.data(), 2 * cols, t, j0, cols);
+        for (int64_t t = 0; t < op.n; ++t) epilogue(c.data(), 2 * cols, t, j0, cols);
+        continue;
+      }
+#pragma omp parallel for schedule(static)
+      for (int64_t j = 0; j < cols; ++j)  // gate row j <- silu(gate) * up, in float32
+        op.lk->swiglu_from_float[0](c.data() + j * op.n, c.data() + up + j * op.n, c.data() + j * op.n, op.n);
+      store_transposed(op, c.data(), cols, y, inter, j0);
     }
-    return;
+    return true;
   }
   constexpr int64_t kCols = 32;
 #pragma omp parallel
@@ -331,6 +427,7 @@ void gate_up_swiglu(const Op &op, const void *w, int64_t inter, void *y) {
       for (int64_t t = 0; t < op.n; ++t) epilogue(c.data(), 2 * cols, t, j0, cols);
     }
   }
+  return true;
 }
 
 // Shapes of the Custom ops' (x [..., k], w [m, k]) inputs; returns false when they do not fit.
@@ -359,11 +456,16 @@ int run_linear(int nparam, void **params, int *ndims, int64_t **shapes, const ch
     std::memset(params[2], 0, n * out * es);  // an empty sum; silu(0) * 0 = 0 too
     return 0;
   }
-  Op op{d, params[0], nullptr, n, k, kIsaLinear[g_isa]};
-  std::vector<float> xf = widen_x(op);
-  op.xf = d == 0 ? static_cast<const float *>(params[0]) : xf.data();
-  body(op, params[1], out, params[2]);
-  return 0;
+  const Route r = route(d, n);
+  Op op{d, params[0], static_cast<const float *>(params[0]), n, k, kIsaLinear[g_isa],
+        r == kSkinny ? nullptr : dnnl(), r == kSwapped};
+  std::vector<float> xf(op.dn || d == 0 ? 0 : n * k);  // the skinny kernel reads x as float32
+  if (!xf.empty()) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n; ++t) op.lk->to_float[d](op.row(op.x, t), xf.data() + t * k, k);
+    op.xf = xf.data();
+  }
+  return body(op, params[1], out, params[2]) ? 0 : 4;
 }
 
 std::vector<int64_t> linear_out_shape(int *ndims, int64_t **shapes, bool packed) {
@@ -454,27 +556,24 @@ TypeId SwigluBwdInferType(std::vector<TypeId> type_ids, AotExtra *) { return typ
 
 extern "C" {
 
-// The GEMM behind the linear ops for more than msw_skinny_max tokens: "onednn", or "skinny" when libdnnl.so.3
-// is not loaded (or was turned off). `path`, when given, is dlopen'ed first (MindSpore's lib folder).
+// Binds oneDNN (`path`, when given, is dlopen'ed first: MindSpore's lib folder); "onednn", or "skinny" when
+// libdnnl.so.3 is not loaded.
 const char *msw_gemm(const char *path) {
   if (path && *path) {
     std::lock_guard<std::mutex> lock(g_dnnl_mutex);
-    if (!g_dnnl.sgemm && bind_dnnl(dlopen(path, RTLD_NOW))) g_dnnl_tried = true;
+    if (!g_dnnl.engine && bind_dnnl(dlopen(path, RTLD_NOW))) g_dnnl_tried = true;
   }
   return dnnl() ? "onednn" : "skinny";
 }
-void msw_set_onednn(int on) { g_dnnl_off = !on; }
-int64_t msw_skinny_max(int dtype, int64_t value) {  // value < 0: read only
-  if (dtype < 0 || dtype > 2) return -1;
-  if (value >= 0) g_skinny_max[dtype] = value;
-  return g_skinny_max[dtype];
-}
+// The route a linear op takes for `n` tokens of dtype index `dtype` (0 skinny, 1 oneDNN, 2 swapped), -1 for a
+// bad dtype; msw_force_route(-1) restores the automatic choice. Returns the previous forcing.
+int msw_route(int dtype, int64_t n) { return dtype >= 0 && dtype < 3 ? route(dtype, n) : -1; }
+int msw_force_route(int r) { return g_forced_route.exchange(r >= 0 && r <= 2 ? r : -1); }
 
 // Linear: x [..., K], w [M, K] -> y [..., M] = x w^T
 int Linear(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
   ++g_launches[2];
-  return run_linear(nparam, params, ndims, shapes, dtypes, false,
-                    [](const Op &op, const void *w, int64_t m, void *y) { linear(op, w, m, y); });
+  return run_linear(nparam, params, ndims, shapes, dtypes, false, linear);
 }
 std::vector<int64_t> LinearInferShape(int *ndims, int64_t **shapes, AotExtra *) {
   return linear_out_shape(ndims, shapes, false);
@@ -484,8 +583,7 @@ TypeId LinearInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_i
 // GateUpSwiglu: x [..., K], w [2I, K] = [gate; up] -> y [..., I] = silu(x w_gate^T) * (x w_up^T)
 int GateUpSwiglu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
   ++g_launches[3];
-  return run_linear(nparam, params, ndims, shapes, dtypes, true,
-                    [](const Op &op, const void *w, int64_t inter, void *y) { gate_up_swiglu(op, w, inter, y); });
+  return run_linear(nparam, params, ndims, shapes, dtypes, true, gate_up_swiglu);
 }
 std::vector<int64_t> GateUpSwigluInferShape(int *ndims, int64_t **shapes, AotExtra *) {
   return linear_out_shape(ndims, shapes, true);

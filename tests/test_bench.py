@@ -37,10 +37,17 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
 def test_bandwidth_probes_compute_what_they_read():
     import numpy as np
 
-    from ms_swiglu._cpu_kernel import add, read_sum
+    from ms_swiglu._cpu_kernel import add, isa, read_sum, set_isa
 
     x = np.random.default_rng(0).integers(-4, 5, 3 * 4096 + 77).astype(np.float32)
-    assert read_sum(x) == float(x.astype(np.float64).sum())
+    best = isa()
+    try:
+        for isa in ("generic", "avx2", "avx512"):  # the read probe is compiled per ISA (8 streams per thread)
+            set_isa(isa)
+            for n in (0, 5, 1000, x.size):  # shorter than one stream block, and with a tail
+                assert read_sum(x[:n]) == float(x[:n].astype(np.float64).sum()), (isa, n)
+    finally:
+        set_isa(best)
     a, b = x[:5000].copy(), x[5000:10000].copy()
     c = np.empty_like(a)
     add(a, b, c)

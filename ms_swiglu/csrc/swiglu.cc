@@ -99,6 +99,7 @@ struct LinearKernels {  // indexed by dtype, as above
   void (*from_float[3])(const float *, void *, int64_t);
   void (*swiglu_from_float[3])(const float *, const float *, void *, int64_t);
   void (*skinny[3])(const float *, int64_t, int64_t, const void *, int64_t, float *, int64_t);
+  double (*read_sum)(const float *, int64_t);
 };
 
 #pragma GCC push_options
@@ -496,18 +497,7 @@ int msw_set_isa(const char *name) {
 }
 
 // Bandwidth probes for the benchmarks' ceilings: a parallel streaming read (sum) and a 2-read-1-write add.
-double msw_read(const float *x, int64_t n) {
-  double total = 0.0;
-#pragma omp parallel for reduction(+ : total) schedule(static)
-  for (int64_t b = 0; b < n / 4096; ++b) {  // 4096-float blocks, 16 independent sums each (vectorised)
-    float acc[16] = {0};
-    for (int64_t i = b * 4096; i < (b + 1) * 4096; i += 16)
-      for (int j = 0; j < 16; ++j) acc[j] += x[i + j];
-    for (float a : acc) total += a;
-  }
-  for (int64_t i = n / 4096 * 4096; i < n; ++i) total += x[i];
-  return total;
-}
+double msw_read(const float *x, int64_t n) { return kIsaLinear[g_isa]->read_sum(x, n); }
 
 void msw_add(const float *a, const float *b, float *c, int64_t n) {
 #pragma omp parallel for schedule(static)

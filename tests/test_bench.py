@@ -19,19 +19,23 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
         (1, "float32"), (1, "bfloat16"), (4, "float32"), (4, "bfloat16")]
     for cell in data["results"]:
         assert set(cell["gemm_ceiling_gflops"]) == {"mindspore", "numpy"}
+        read = cell["read_gbps_in_rounds"]  # N=1: the read probe interleaved with the variants
+        assert (read is not None) == (cell["tokens"] == 1)
+        if read:
+            assert read["best"] >= read["median"] > 0
         assert len(cell["variants"]) == 8  # 4 variants x (O0, O1)
         for key, e in cell["variants"].items():
             assert e["median_s"] > 0 and e["gflops"] > 0 and e["activation_bytes"] > 0
             assert ("peak_added_bytes" in e) == key.endswith("/O0")
             assert ("weight_gbps" in e) == (cell["tokens"] == 1)
-            assert ("fraction_of_ceiling_min" in e) == (cell["tokens"] > 1)
+            assert e["fraction_of_ceiling"] > 0 and e["fraction_of_ceiling_min"] > 0
             assert e["speedup_vs_baseline"] > 0 and e["speedup_vs_float32"] > 0
             if cell["dtype"] == "float32":
                 assert e["speedup_vs_float32"] == 1.0
     fused, base = (data["results"][2]["variants"][k]["activation_bytes"] for k in ("packed-cpu/O0", "baseline/O0"))
     assert fused < base
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "GEMM ceiling" in r.stdout and "bench [" in r.stderr
+    assert "GEMM ceiling" in r.stdout and "bench [" in r.stderr and "in the same rounds" in r.stdout
 
 
 def test_bandwidth_probes_compute_what_they_read():

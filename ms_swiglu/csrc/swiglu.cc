@@ -458,20 +458,22 @@ int run_linear(int nparam, void **params, int *ndims, int64_t **shapes, const ch
   if (!linear_shapes(ndims, shapes, &n, &k, &m) || (packed && m % 2)) return 3;
   const int64_t out = packed ? m / 2 : m;
   if (n * out == 0) return 0;
-  const size_t es = d == 0 ? 4 : 2;
+  Op op{d, params[0], nullptr, n, k, kIsaLinear[g_isa], nullptr, false};
   if (k == 0) {
-    std::memset(params[2], 0, n * out * es);  // an empty sum; silu(0) * 0 = 0 too
+    std::memset(params[2], 0, n * out * op.es());  // an empty sum; silu(0) * 0 = 0 too
     return 0;
   }
   const Route r = route(d, n);
-  Op op{d, params[0], static_cast<const float *>(params[0]), n, k, kIsaLinear[g_isa],
-        r == kSkinny ? nullptr : dnnl(), r == kSwapped};
-  std::vector<float> xf(d == 0 || r == kSwapped || (r == kOnednn && d == 2) ? 0 : n * k);  // see Op::xf, Op::a
-  if (!xf.empty()) {
+  op.dn = r == kSkinny ? nullptr : dnnl();
+  op.swapped = r == kSwapped;
+  // x as float32 (see Op::xf): itself for float32; widened for the skinny kernel and for float16 on oneDNN
+  std::vector<float> xf;
+  if (d != 0 && (r == kSkinny || (r == kOnednn && d == 1))) {
+    xf.resize(n * k);
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < n; ++t) op.lk->to_float[d](op.row(op.x, t), xf.data() + t * k, k);
-    op.xf = xf.data();
   }
+  op.xf = d == 0 ? static_cast<const float *>(op.x) : xf.data();
   return body(op, params[1], out, params[2]) ? 0 : 4;
 }
 
@@ -547,10 +549,6 @@ std::vector<int64_t> SwigluBwdInferShape(int *ndims, int64_t **shapes, AotExtra 
 }
 
 TypeId SwigluBwdInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
-
-}  // extern "C"
-
-extern "C" {
 
 // Binds oneDNN (`path`, when given, is dlopen'ed first: MindSpore's lib folder); "onednn", or "skinny" when
 // libdnnl.so.3 is not loaded.

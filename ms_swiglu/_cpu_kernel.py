@@ -6,6 +6,10 @@ import glob
 import importlib.util
 import os
 
+import numpy as np
+
+from ms_swiglu.config import DTYPE_NAMES
+
 
 @functools.cache
 def kernel_path():
@@ -33,6 +37,7 @@ def _lib():
     return lib
 
 
+@functools.cache
 def _onednn_path():
     spec = importlib.util.find_spec("mindspore")  # located, not imported
     for folder in spec.submodule_search_locations if spec else ():
@@ -49,13 +54,14 @@ def gemm():
 
 
 ROUTES = ("skinny", "onednn", "onednn-swapped")
-DTYPES = ("float32", "float16", "bfloat16")
+# The NumPy arrays `linear` takes per dtype (bfloat16 as its 16-bit patterns); C++ indexes dtypes in this order.
+NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
 def _dtype_index(dtype):
-    if dtype not in DTYPES:
-        raise ValueError(f"expected a dtype in {DTYPES}, got {dtype!r}")
-    return DTYPES.index(dtype)
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"expected a dtype in {DTYPE_NAMES}, got {dtype!r}")
+    return DTYPE_NAMES.index(dtype)
 
 
 def route(dtype, tokens):

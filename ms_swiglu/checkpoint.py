@@ -146,7 +146,7 @@ def _read_tensor(path, base, name, meta, part=None):
         data = np.array(mapped[part] if part is not None else mapped)  # copies the block only
         del mapped
     if meta["dtype"] == "BF16":
-        data = (data.astype(np.uint32) << 16).view(np.float32)
+        data = from_bf16_bits(data)
     return data.astype(data.dtype.newbyteorder("="), copy=False), _DTYPE_NAMES[meta["dtype"]]
 
 
@@ -216,6 +216,11 @@ def to_bf16_bits(a):
     u = np.ascontiguousarray(a, np.float32).view(np.uint32)
     rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
     return np.where(np.isnan(a), ((u >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def from_bf16_bits(bits):
+    """bfloat16 bit patterns (uint16) -> their exact float32 values."""
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
 
 
 def write_safetensors(path, tensors, dtype, metadata=None):

@@ -4,25 +4,23 @@ import numpy as np
 import pytest
 
 from ms_swiglu import PackedSwiGLUMLP, SwiGLUMLP, _cpu_kernel, to_packed
-from ms_swiglu.checkpoint import to_bf16_bits
+from ms_swiglu.checkpoint import from_bf16_bits, to_bf16_bits
 from ms_swiglu.linear import Linear
 from conftest import DTYPES, LossCell, assert_close, ref_swiglu, ref_swiglu_grad, to_f64, to_tensor
-
-NP_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
 def _in_dtype(a, dtype):
     """float32 array -> (array in the kernel's dtype, its exact float64 values); bfloat16 rounds to nearest even."""
     a = np.ascontiguousarray(a, np.float32)
     if dtype != "bfloat16":
-        cast = a.astype(NP_DTYPE[dtype])
+        cast = a.astype(_cpu_kernel.NP_DTYPES[dtype])
         return cast, cast.astype(np.float64)
     bits = to_bf16_bits(a)
-    return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return bits, _out64(bits, dtype)
 
 
 def _out64(a, dtype):
-    return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64) if dtype == "bfloat16" else a.astype(np.float64)
+    return (from_bf16_bits(a) if dtype == "bfloat16" else a).astype(np.float64)
 
 
 def _check_kernel(n, k, m, dtype, swiglu, seed=0):
@@ -32,7 +30,7 @@ def _check_kernel(n, k, m, dtype, swiglu, seed=0):
     ref = x64 @ w64.T
     if swiglu:
         ref = ref_swiglu(ref)
-    out = np.full(ref.shape, 7, NP_DTYPE[dtype])  # stale values must be overwritten
+    out = np.full(ref.shape, 7, _cpu_kernel.NP_DTYPES[dtype])  # stale values must be overwritten
     _cpu_kernel.linear(x, w, out, dtype, swiglu=swiglu)
     assert_close(_out64(out, dtype), ref, dtype, f"{'GateUpSwiglu' if swiglu else 'Linear'} n={n} k={k} m={m}")
 
@@ -49,7 +47,7 @@ def test_onednn_is_bound():
     assert _cpu_kernel.gemm() == "onednn"
 
 
-@pytest.mark.parametrize("dtype", list(NP_DTYPE))
+@pytest.mark.parametrize("dtype", list(_cpu_kernel.NP_DTYPES))
 @pytest.mark.parametrize("swiglu", [False, True], ids=["linear", "gate_up_swiglu"])
 def test_skinny_tiles_and_tails(dtype, swiglu, skinny_only):
     # tokens 1..13 cover every register tile (6 tokens) and remainder; k covers vector tails; m covers row tails
@@ -60,13 +58,14 @@ def test_skinny_tiles_and_tails(dtype, swiglu, skinny_only):
 
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
 def test_skinny_every_isa(isa, skinny_only):
+    best = _cpu_kernel.isa()
     try:
         _cpu_kernel.set_isa(isa)
-        for dtype in NP_DTYPE:
+        for dtype in _cpu_kernel.NP_DTYPES:
             _check_kernel(3, 37, 66, dtype, True)
             _check_kernel(7, 100, 9, dtype, False)
     finally:
-        _cpu_kernel.set_isa("avx512")
+        _cpu_kernel.set_isa(best)
 
 
 def _has_fp16_matmul():
@@ -74,7 +73,7 @@ def _has_fp16_matmul():
     return "avx512_fp16" in flags or "avx_vnni_int8" in flags  # oneDNN's float16 matmul: AVX512-FP16 or AVX2-VNNI-2
 
 
-@pytest.mark.parametrize("dtype", list(NP_DTYPE))
+@pytest.mark.parametrize("dtype", list(_cpu_kernel.NP_DTYPES))
 @pytest.mark.parametrize("swiglu", [False, True], ids=["linear", "gate_up_swiglu"])
 @pytest.mark.parametrize("route", ["onednn", "onednn-swapped"])
 def test_onednn_routes(dtype, swiglu, route):

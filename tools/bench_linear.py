@@ -18,11 +18,8 @@ from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
 from ms_swiglu.tools.timing import interleave, progress, write_json
 
-NP_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
-
-
 def _cast(a, dtype):
-    return to_bf16_bits(a) if dtype == "bfloat16" else a.astype(NP_DTYPE[dtype])
+    return to_bf16_bits(a) if dtype == "bfloat16" else a.astype(_cpu_kernel.NP_DTYPES[dtype])
 
 
 def _mlp_call(x, w_gate_up, w_down, act, out, dtype, route):
@@ -48,7 +45,8 @@ def run(args):
         wg, wd = _cast(w_gate_up, dtype), _cast(w_down, dtype)
         for n in args.tokens:
             x = _cast(rng.standard_normal((n, hidden), dtype=np.float32), dtype)
-            act, out = np.empty((n, inter), NP_DTYPE[dtype]), np.empty((n, hidden), NP_DTYPE[dtype])
+            np_dtype = _cpu_kernel.NP_DTYPES[dtype]
+            act, out = np.empty((n, inter), np_dtype), np.empty((n, hidden), np_dtype)
             st = interleave({r: _mlp_call(x, wg, wd, act, out, dtype, r) for r in _cpu_kernel.ROUTES},
                             args.rounds, warmup=1)
             row = {"dtype": dtype, "tokens": n, "route": _cpu_kernel.route(dtype, n)}

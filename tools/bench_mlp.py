@@ -8,9 +8,11 @@ Variants (same seeded weights; each also with jit_level O1 when asked):
     packed-akg        one Dense 2I + the AKG hybrid kernel (static shapes: compiled per token count)
 
 Ceilings, measured in the same run: the GEMM ceiling (MindSpore MatMul [N,H]x[H,2I] and NumPy's matmul of the
-same size, interleaved with the variants; the faster one), the read bandwidth (a sum over 512 MiB) and the 2-read-1-write bandwidth (an add
-of two 256 MiB arrays), each by NumPy in 1 and 2 threads and by the package's OpenMP probes in the .so
-(NumPy's reductions hold the GIL, so its 2-thread read is no faster), the best kept.
+same size, interleaved with the variants; the faster one), the read bandwidth (a sum over 1 GiB) and the
+2-read-1-write bandwidth (an add of two 256 MiB arrays), each by NumPy in 1 and 2 threads and by the package's
+OpenMP probes in the .so (NumPy's reductions hold the GIL, so its 2-thread read is no faster), the best kept,
+at the start. At N=1 the .so's read probe also joins the interleaved rounds, and the decode fraction is taken
+against it (median against median).
 
 With --layers L every call runs L MLPs with distinct weights, so that the weights do not sit in the L3 cache
 between calls (a repeated single layer partly does: this machine has a 300 MiB L3).
@@ -38,7 +40,8 @@ import time
 import numpy as np
 
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
-from ms_swiglu.tools.timing import interleave, proc_status, progress, reset_peak_memory, write_json
+from ms_swiglu.tools.timing import (interleave, probe_process, proc_status, progress, reset_peak_memory,
+                                    write_json)
 
 VARIANTS = ("baseline", "packed-composite", "packed-cpu", "packed-akg")
 SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -111,7 +114,7 @@ def bandwidth(rounds=5):
 READ_PROBE_FLOATS = 256 * 2**20  # 1 GiB: 3.4x the 300 MiB L3 here
 
 
-def gemm_calls(hidden, inter):
+def ceiling_calls(hidden, inter):
     """A factory of the ceiling probes at N tokens: [N,H]x[H,2I] in float32 by MindSpore's MatMul and by NumPy;
     at N=1 also the streaming read of 1 GiB, so the decode fraction compares calls from the same rounds."""
     import mindspore as ms  # noqa: PLC0415
@@ -128,17 +131,18 @@ def gemm_calls(hidden, inter):
     w = np.random.default_rng(0).standard_normal((2 * inter, hidden)).astype(np.float32)
     cell, wt = MatMul(w), np.ascontiguousarray(w.T)
 
-    big = []
+    big = None  # the read probe's 1 GiB, allocated at the first N=1
 
     def calls(n):
+        nonlocal big
         x = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
         xt = ms.Tensor(x)
         probes = {"ceiling/mindspore": lambda: cell(xt), "ceiling/numpy": lambda: x @ wt}
         if n == 1:
             from ms_swiglu._cpu_kernel import read_sum  # noqa: PLC0415
 
-            big[:] = big or [np.ones(READ_PROBE_FLOATS, np.float32)]
-            probes["read/omp"] = lambda: read_sum(big[0])
+            big = np.ones(READ_PROBE_FLOATS, np.float32) if big is None else big
+            probes["read/omp"] = lambda: read_sum(big)
         return probes
 
     return calls
@@ -161,15 +165,9 @@ def memory_probe(variant, hidden, inter, dtype, n):
     return proc_status("VmHWM") - rss0
 
 
-
-
 def _memory(variant, hidden, inter, dtype, n):
-    cmd = [sys.executable, "-m", "ms_swiglu.tools.bench_mlp", "--probe", variant, str(hidden), str(inter), dtype,
-           str(n)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if r.returncode != 0:
-        raise RuntimeError(f"memory probe {variant} N={n}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-    return int(r.stdout.strip().splitlines()[-1])
+    return int(probe_process("ms_swiglu.tools.bench_mlp", [variant, hidden, inter, dtype, n],
+                             f"memory probe {variant} N={n}", timeout=1800))
 
 
 class TorchPeer:
@@ -215,7 +213,7 @@ def run(args):
         hidden, inter = PRESETS[preset]
         nets = {(v, j, d): _build(v, hidden, inter, d, j, args.layers) for d in args.dtype for v in args.variants
                 for j in args.jit}
-        ceiling = gemm_calls(hidden, inter)
+        ceiling = ceiling_calls(hidden, inter)
         peers = {("peer-torch", "eager", d): TorchPeer(args.peer_python, hidden, inter, d, args.layers)
                  for d in args.dtype} if args.peer_python else {}
         for peer in peers.values():

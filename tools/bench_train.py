@@ -12,19 +12,16 @@ Usage: python -m ms_swiglu.tools.bench_train [--layers 4] [--preset small] [--se
 """
 import argparse
 import json
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 from ms_swiglu.config import PRESETS
-from ms_swiglu.tools.timing import proc_status, reset_peak_memory, write_json
+from ms_swiglu.tools.timing import probe_process, proc_status, reset_peak_memory, write_json
 
 MODES = {"none": ("composite", "none"), "none-fused": ("cpu", "none"), "full": ("composite", "full"),
          "selective": ("composite", "selective")}
-
-
 
 
 def probe(mode, preset, layers, seq, steps):
@@ -83,12 +80,9 @@ def main(argv=None):
     for seq in args.seqs:
         row = {}
         for mode in args.modes:
-            cmd = [sys.executable, "-m", "ms_swiglu.tools.bench_train", "--probe", mode, args.preset,
-                   str(args.layers), str(seq), str(args.steps)]
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-            if r.returncode != 0:
-                raise RuntimeError(f"{mode} seq={seq}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-            row[mode] = json.loads(r.stdout.strip().splitlines()[-1])
+            row[mode] = json.loads(probe_process("ms_swiglu.tools.bench_train",
+                                                 [mode, args.preset, args.layers, seq, args.steps],
+                                                 f"{mode} seq={seq}", timeout=3600))
             base = row.get("none")
             saved = 1 - row[mode]["peak_added_bytes"] / base["peak_added_bytes"] if base else float("nan")
             extra = row[mode]["step_s"] / base["step_s"] - 1 if base else float("nan")

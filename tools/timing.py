@@ -58,3 +58,16 @@ def proc_status(key):
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"/proc/self/status: expected {key}, found none")
+
+
+def probe_process(module, args, what, timeout):
+    """``python -m module --probe *args`` in a fresh process; its last stdout line. Raises RuntimeError naming
+    `what` and the child's last stderr line when it fails."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    r = subprocess.run([sys.executable, "-m", module, "--probe", *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{what}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    return r.stdout.strip().splitlines()[-1]

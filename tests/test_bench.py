@@ -46,10 +46,10 @@ def test_bandwidth_probes_compute_what_they_read():
     x = np.random.default_rng(0).integers(-4, 5, 3 * 4096 + 77).astype(np.float32)
     best = isa()
     try:
-        for isa in ("generic", "avx2", "avx512"):  # the read probe is compiled per ISA (8 streams per thread)
-            set_isa(isa)
+        for name in ("generic", "avx2", "avx512"):  # the read probe is compiled per ISA (8 streams per thread)
+            set_isa(name)
             for n in (0, 5, 1000, x.size):  # shorter than one stream block, and with a tail
-                assert read_sum(x[:n]) == float(x[:n].astype(np.float64).sum()), (isa, n)
+                assert read_sum(x[:n]) == float(x[:n].astype(np.float64).sum()), (name, n)
     finally:
         set_isa(best)
     a, b = x[:5000].copy(), x[5000:10000].copy()

@@ -1,23 +1,44 @@
+import glob
+import importlib.metadata
+import os
+
 from setuptools import Extension, setup
 
-# The CPU kernel is a plain shared library loaded by MindSpore's Custom(func_type="aot"); it is
-# built as an Extension so that `pip install .` and `pip install -e .` compile it.
-kernel = Extension(
-    "ms_swiglu._swiglu_cpu",
-    sources=["ms_swiglu/csrc/swiglu.cc"],
-    depends=["ms_swiglu/csrc/swiglu_impl.inc", "ms_swiglu/csrc/linear_impl.inc"],
+
+def onednn_include():
+    """The include folder of the onednn-devel headers (a build requirement: pyproject.toml)."""
+    dist = importlib.metadata.distribution("onednn-devel")
+    for f in dist.files or ():
+        if str(f).endswith("oneapi/dnnl/dnnl.h"):
+            return os.path.dirname(os.path.dirname(os.path.dirname(dist.locate_file(f))))
+    raise RuntimeError("ms_swiglu: expected oneapi/dnnl/dnnl.h in the onednn-devel package, found none")
+
+
+CPU = "ms_swiglu/backends/cpu/csrc"
+FLAGS = ["-O3", "-std=c++17", "-fopenmp", "-Wno-maybe-uninitialized"]
+# The cpu backend's kernels: a plain shared library loaded by MindSpore's Custom(func_type="aot"); built as an
+# Extension so that `pip install .` and `pip install -e .` compile it.
+kernels = Extension(
+    "ms_swiglu.backends.cpu._kernels",
+    sources=sorted(glob.glob(f"{CPU}/*.cc")),
+    depends=glob.glob(f"{CPU}/*.h") + glob.glob(f"{CPU}/*.inc") + ["pyproject.toml"],
+    include_dirs=[onednn_include()],
     language="c++",
-    extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-Wno-maybe-uninitialized"],
-    extra_link_args=["-fopenmp"],
+    extra_compile_args=FLAGS,
+    extra_link_args=["-fopenmp", "-ldl"],
 )
+# The benchmarks' bandwidth probes (not part of the kernels).
+probes = Extension("ms_swiglu.tools._probes", sources=["tools/csrc/probes.cc"], language="c++",
+                   extra_compile_args=FLAGS, extra_link_args=["-fopenmp"])
 
 setup(
     name="ms_swiglu",
     version="0.1.0",
     description="Packed gate/up SwiGLU MLP for MindSpore: fused kernels, HF loaders, Ascend export",
-    packages=["ms_swiglu", "ms_swiglu.export", "ms_swiglu.tools"],
+    packages=["ms_swiglu", "ms_swiglu.backends", "ms_swiglu.backends.cpu", "ms_swiglu.checkpoint",
+              "ms_swiglu.launch", "ms_swiglu.export", "ms_swiglu.tools"],
     package_dir={"ms_swiglu": "ms_swiglu", "ms_swiglu.export": "export", "ms_swiglu.tools": "tools"},
-    ext_modules=[kernel],
+    ext_modules=[kernels, probes],
     python_requires=">=3.9",
     install_requires=[
         "mindspore>=2.10,<2.11",

@@ -21,15 +21,14 @@ import tempfile
 
 import numpy as np
 
+from ms_swiglu import backends
 from ms_swiglu.checkpoint import read_config, to_bf16_bits
 from ms_swiglu.config import TOLERANCE as TOL, preset as preset_shape
 from ms_swiglu.export.kit import AIR_DEFAULT_SHAPE, atc_command, converter_command, converter_config, write_scripts
 from ms_swiglu.export.mindir import graph_io, op_types
 
+# export target -> the backend whose graph it exports
 TARGETS = {"ascend": "ascend", "portable": "composite", "cpu": "cpu"}
-# Every op an ascend-target graph of this package holds; each has an Ascend kernel. Anything else is refused.
-ASCEND_OPS = frozenset({"Add", "Cast", "Depend", "Load", "MakeTuple", "MatMul", "Mul", "ReduceMean", "Reshape",
-                        "Rsqrt", "Shape", "Swiglu", "TupleGetItem", "UpdateState"})
 WORK_PREFIX = ".ms_swiglu-export-"
 ARTIFACTS = ("manifest.json", "converter_lite.cfg", "convert_om.sh", "export_air.sh", "golden")
 
@@ -79,8 +78,9 @@ def _raw(tensor, dtype):
 
 def _build(req, backend):
     """(network, hidden_size, intermediate_size, model name) for the request, on `backend`."""
-    from ms_swiglu.ffn import FFNBlock, FFNStack, load_ffn  # noqa: PLC0415
-    from ms_swiglu.mlp import PackedSwiGLUMLP, load_mlp  # noqa: PLC0415
+    from ms_swiglu.checkpoint.load import load_ffn, load_mlp  # noqa: PLC0415
+    from ms_swiglu.ffn import FFNBlock, FFNStack  # noqa: PLC0415
+    from ms_swiglu.mlp import PackedSwiGLUMLP  # noqa: PLC0415
 
     import mindspore as ms  # noqa: PLC0415
 
@@ -118,20 +118,25 @@ def _golden_shapes(req):
 
 
 def _check_ops(found, target):
-    if target == "ascend":
-        if "Custom" in found:
-            raise ExportError("export --target ascend: expected no Custom op (an aot Custom op is bound to a host "
-                              f".so and cannot be deployed), got op types {found}")
-        extra = sorted(set(found) - ASCEND_OPS)
-        if extra:
-            raise ExportError(f"export --target ascend: expected only ops of {sorted(ASCEND_OPS)}, got {extra}")
-        if "Swiglu" not in found:
-            raise ExportError(f"export --target ascend: expected the builtin Swiglu op, got op types {found}")
-    elif target == "portable":
-        if {"Custom", "Swiglu"} & set(found):
-            raise ExportError(f"export --target portable: expected no Custom and no Swiglu op, got {found}")
-    elif "Custom" not in found:
-        raise ExportError(f"export --target cpu: expected the Custom aot op, got op types {found}")
+    """The exported graph holds the op types that mark its backend, none that mark another backend, and only
+    the backend's allowed op types when it has such a list."""
+    backend = backends.get(TARGETS[target])
+    owners = {}  # op type -> the backends it marks
+    for name in backends.REGISTRY:
+        for op in backends.get(name).graph_ops:
+            owners.setdefault(op, set()).add(name)
+    missing = sorted(backend.graph_ops - set(found))
+    foreign = sorted(op for op in found if op in owners and op not in backend.graph_ops)
+    extra = sorted(set(found) - backend.allowed_ops) if backend.allowed_ops is not None else []
+    where = f"export --target {target}"
+    if foreign:
+        raise ExportError(f"{where}: expected no {', '.join(foreign)} op (it marks the "
+                          f"{', '.join(sorted(set().union(*(owners[op] for op in foreign))))} backend), got op types {found}")
+    if missing:
+        raise ExportError(f"{where}: expected the {', '.join(missing)} op of the {backend.name} backend, got op types "
+                          f"{found}")
+    if extra:
+        raise ExportError(f"{where}: expected only ops of {sorted(backend.allowed_ops)}, got {extra}")
 
 
 def _verify_in_fresh_process(mindir, golden, dtype):
@@ -189,7 +194,9 @@ def export(req):
     fmt = "AIR" if req.air else "MINDIR"
     model_file = f"{name}.{fmt.lower()}"
     out = _prepare_output(req, (model_file,) + ARTIFACTS)
-    ref = net if req.target != "ascend" else _build(req, "composite")[0]  # Swiglu has no CPU kernel
+    backend = backends.get(TARGETS[req.target])
+    runs_here = backend.runs_on(device)
+    ref = net if runs_here else _build(req, "composite")[0]  # e.g. Swiglu has no CPU kernel
 
     ms_dtype = getattr(ms, req.dtype)
     shape = list(req.static_shape or (-1, -1)) + [hidden]
@@ -224,12 +231,12 @@ def export(req):
             golden.append(entry)
 
         atol, rtol = TOL[req.dtype]
-        if req.target == "ascend":
-            numerics = {"ok": None, "not_run": "Swiglu has no CPU kernel: run the golden files on the device "
-                                              "(ais_bench/msame read the .bin files)"}
+        if not runs_here:
+            numerics = {"ok": None, "not_run": f"the {backend.name} backend has no {device} kernel: run the golden "
+                                              f"files on the device (ais_bench/msame read the .bin files)"}
         else:
             numerics = _verify_in_fresh_process(os.path.join(work, model_file), golden_dir, req.dtype)
-        deployable = req.target != "cpu"
+        deployable = bool(backend.deployable)
         input_name = io["inputs"][0]["name"] if io["inputs"] else "x"
         with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
             f.write(converter_config(input_name, shape, req.dtype))
@@ -254,7 +261,8 @@ def export(req):
             "op_types": found,
             "golden": golden,
             "tolerance": {"atol": atol, "rtol": rtol},
-            "verification": {"op_types": "ok", "allowed_ops": sorted(ASCEND_OPS) if req.target == "ascend" else None,
+            "verification": {"op_types": "ok",
+                             "allowed_ops": sorted(backend.allowed_ops) if backend.allowed_ops else None,
                              "numerics": numerics},
             "converter_command": converter,
             "atc_command": atc_command(air_name),
@@ -287,9 +295,9 @@ def _remove_stale_work(folder):
 
 
 def _kernel_note():
-    from ms_swiglu._cpu_kernel import kernel_path  # noqa: PLC0415
+    from ms_swiglu.backends.cpu.kernels import library_path  # noqa: PLC0415
 
-    return kernel_path()
+    return library_path()
 
 
 def _move_into_place(work, out, names):

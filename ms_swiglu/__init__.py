@@ -6,22 +6,27 @@ The MindSpore parts are imported on first use, so that the CLI can reject bad in
 """
 import importlib
 
+# module -> names it gives the package ("public=attribute" where the package's name differs)
 _EXPORTS = {
-    "ms_swiglu.activation": ["BACKENDS", "SwiGLU", "resolve_backend", "swiglu"],
+    "ms_swiglu.activation": ["SwiGLU", "swiglu"],
+    "ms_swiglu.backends": ["BACKENDS=NAMES", "resolve_backend=resolve"],
     "ms_swiglu.config": ["PRESETS", "preset"],
-    "ms_swiglu.mlp": ["PackedSwiGLUMLP", "SwiGLUMLP", "load_mlp", "to_packed", "to_unpacked"],
+    "ms_swiglu.mlp": ["PackedSwiGLUMLP", "SwiGLUMLP", "to_packed", "to_unpacked"],
     "ms_swiglu.packing": ["pack_gate_up", "pack_state_dict", "shard_down", "shard_packed", "unpack_gate_up",
                           "unpack_state_dict", "unshard_down", "unshard_packed", "reshard"],
-    "ms_swiglu.moe": ["PackedMoE", "load_moe", "route"],
-    "ms_swiglu.ffn": ["FFNBlock", "FFNStack", "RMSNorm", "load_ffn"],
+    "ms_swiglu.moe": ["PackedMoE", "route"],
+    "ms_swiglu.ffn": ["FFNBlock", "FFNStack", "RMSNorm"],
     "ms_swiglu.checkpoint": ["ModelConfig", "CheckpointError", "read_config", "load_dense_layer",
                              "load_moe_layer"],
+    "ms_swiglu.checkpoint.load": ["load_mlp", "load_moe", "load_ffn"],
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+_WHERE = {entry.split("=")[0]: (module, entry.split("=")[-1]) for module, entries in _EXPORTS.items()
+          for entry in entries}
 __all__ = sorted(_WHERE)
 
 
 def __getattr__(name):
     if name not in _WHERE:
         raise AttributeError(f"module 'ms_swiglu' has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name]), name)
+    module, attribute = _WHERE[name]
+    return getattr(importlib.import_module(module), attribute)

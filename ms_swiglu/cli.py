@@ -5,21 +5,22 @@ output is written to a temporary file and renamed into place; an existing file i
 """
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 
+from ms_swiglu.backends import NAMES as BACKENDS
 from ms_swiglu.checkpoint import CheckpointError, load_dense_layer, load_moe_layer, read_config, write_safetensors
-from ms_swiglu.config import BACKENDS, DTYPE_NAMES, PRESETS
+from ms_swiglu.config import DTYPE_NAMES, PRESETS
+from ms_swiglu.errors import InputError
 from ms_swiglu.packing import check_tp, shard_down, shard_packed
-from ms_swiglu.tools.timing import progress
+from ms_swiglu.progress import progress
+from ms_swiglu.runner import read_input, run_layer
 
 
-class UsageError(ValueError):
-    """Bad input: reported as one line, exit status 2."""
+class UsageError(InputError):
+    """Bad command-line input: reported as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,30 +41,6 @@ def _output_path(path, force):
     if os.path.exists(path) and not force:
         raise UsageError(f"output: expected a new file, got existing {path} (use --force to replace it)")
     return path
-
-
-def _save_npy(path, array):
-    tmp = f"{path}.tmp{os.getpid()}.npy"
-    try:
-        np.save(tmp, array)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _read_input(path, hidden):
-    try:
-        x = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise UsageError(f"input: expected a .npy file, found none at {path}") from None
-    except (ValueError, OSError) as exc:
-        raise UsageError(f"input: expected a .npy array, got unreadable {path} ({exc})") from None
-    if not np.issubdtype(x.dtype, np.floating):
-        raise UsageError(f"input: expected a float array, got dtype {x.dtype}")
-    if x.ndim < 1 or x.shape[-1] != hidden:
-        raise UsageError(f"input: expected shape [..., {hidden}] (hidden_size), got {list(x.shape)}")
-    return x.astype(np.float32)
 
 
 def _layer_range(spec):
@@ -90,53 +67,16 @@ def cmd_run(args):
     config = read_config(args.checkpoint)
     config.check_layer(args.layer)
     check_tp(config.intermediate_size, args.tp_size)
-    x = _read_input(args.input, config.hidden_size) if args.input else None
+    x = read_input(args.input, config.hidden_size) if args.input else None
     out = _output_path(args.output, args.force) if args.output else None
     if x is None:
         x = np.random.default_rng(args.seed).standard_normal((args.tokens, config.hidden_size)).astype(np.float32)
     if args.tp_size > 1:
-        from ms_swiglu.launch import launch  # noqa: PLC0415
+        from ms_swiglu.launch.msrun import launch  # noqa: PLC0415
 
         return launch(args, x, out)
-    return execute(args, config, x, out)
-
-
-def execute(args, config, x, out, rank=0):
-    """Build the layer (this rank's part of it), run it, print the result line and write the output on rank 0."""
-    import mindspore as ms  # noqa: PLC0415 -- after the input checks: importing MindSpore takes seconds
-
-    from ms_swiglu.mlp import load_mlp, param_dtype  # noqa: PLC0415
-    from ms_swiglu.moe import load_moe  # noqa: PLC0415
-
-    device = ms.get_context("device_target")  # the installed MindSpore's default: Ascend or CPU
-    ms.set_device(device)
-    ms.set_context(mode=ms.GRAPH_MODE)
-    if args.tp_size > 1:
-        from ms_swiglu import parallel  # noqa: PLC0415
-
-        rank = parallel.init(args.tp_size)
-    load = load_moe if config.is_moe else load_mlp
-    mlp = load(args.checkpoint, args.layer, dtype=args.dtype, backend=args.backend, tp_size=args.tp_size, rank=rank)
-    ms_dtype = param_dtype(mlp)
-    mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=ms_dtype))
-    xt = ms.Tensor(x).astype(ms_dtype)
-    y = mlp(xt)  # compiles
-    times = []
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        y = mlp(xt)
-        times.append((time.perf_counter() - t0) * 1e3)
-    y = y.astype(ms.float32).asnumpy()
-    if rank != 0:
-        return 0
-    block = f"MoE {config.num_local_experts} experts top-{config.num_experts_per_tok}" if config.is_moe else "MLP"
-    tp = f", tp {args.tp_size}" if args.tp_size > 1 else ""
-    print(f"device {device}{tp}, backend {mlp.backend}, dtype {str(ms_dtype).lower()}, {block} layer {args.layer} "
-          f"of {config.model_type}, input {list(x.shape)} -> output {list(y.shape)}, latency "
-          f"{statistics.median(times):.3f} ms (median of {args.repeat}, min {min(times):.3f})", flush=True)
-    if out:
-        _save_npy(out, y)
-        print(f"wrote {out}", flush=True)
+    run_layer(args.checkpoint, args.layer, x, config=config, dtype=args.dtype, backend=args.backend,
+              repeat=args.repeat, output=out)
     return 0
 
 

@@ -53,7 +53,7 @@ def main(argv=None):
     packed = to_packed(baseline, backend=args.backend)
     for net in (baseline, packed):
         net.set_inputs(ms.Tensor(shape=[None, hidden], dtype=ms.float32))  # dynamic tokens: one compile
-    print(f"{args.preset}: H={hidden} I={inter}, backend {packed.backend}, float32, GRAPH_MODE on CPU")
+    print(f"{args.preset}: H={hidden} I={inter}, backend {packed.backend.name}, float32, GRAPH_MODE on CPU")
     print(f"gate_up_proj {tuple(packed.gate_up_proj.weight.shape)}, down_proj {tuple(packed.down_proj.weight.shape)}")
 
     rng = np.random.default_rng(0)

@@ -7,12 +7,10 @@ import numpy as np
 from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
-from ms_swiglu.activation import SwiGLU
-from ms_swiglu.linear import Linear
-from ms_swiglu.checkpoint import SafetensorsFolder, read_config
+from ms_swiglu import backends
+from ms_swiglu.backends.spec import SwiGLUOp
 from ms_swiglu.config import to_dtype
-from ms_swiglu.mlp import PackedSwiGLUMLP, load_mlp, load_weights, param_dtype
-from ms_swiglu.moe import load_moe
+from ms_swiglu.mlp import PackedSwiGLUMLP
 
 
 class RMSNorm(nn.Cell):
@@ -34,10 +32,6 @@ class RMSNorm(nn.Cell):
 
 
 RECOMPUTE = ("none", "full", "selective")
-# Backends whose activation MindSpore's graph-mode recompute can run again. Measured here: Cell.recompute,
-# primitive recompute and mindspore.recompute never re-run the aot Custom op (its Python bprop puts the
-# forward inside a gradient scope), while composite's Split/SiLU/Mul are duplicated in the compiled graph.
-_RECOMPUTABLE = ("composite", "ascend")
 
 
 class FFNBlock(nn.Cell):
@@ -63,13 +57,13 @@ class FFNBlock(nn.Cell):
         self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype)
         self.mlp = mlp or PackedSwiGLUMLP(hidden_size, intermediate_size, dtype=dtype, backend=backend)
         self.recompute_mode = recompute
-        backends = {cell.backend for _, cell in self.cells_and_names() if isinstance(cell, (SwiGLU, Linear))}
-        if recompute != "none" and not backends <= set(_RECOMPUTABLE):
-            raise ValueError(f"recompute={recompute!r}: expected a backend MindSpore can recompute "
-                             f"({', '.join(_RECOMPUTABLE)}), got {', '.join(sorted(backends))} (graph-mode recompute "
-                             f"does not re-run the aot Custom ops; the cpu backend never stores [T, 2I]: its "
-                             f"backward recomputes the gate/up GEMM)")
-        acts = [cell for _, cell in self.cells_and_names() if isinstance(cell, SwiGLU)]
+        backend = self.mlp.backend
+        if recompute != "none" and not backend.recomputable:
+            able = ", ".join(name for name in backends.REGISTRY if backends.get(name).recomputable)
+            raise ValueError(f"recompute={recompute!r}: expected a backend MindSpore can recompute ({able}), got "
+                             f"{backend.name} (graph-mode recompute does not re-run aot Custom ops; the cpu backend "
+                             f"never stores [T, 2I]: its backward recomputes the gate/up GEMM)")
+        acts = [cell for _, cell in self.cells_and_names() if isinstance(cell, SwiGLUOp)]
         if recompute == "full":
             self.recompute()
         elif recompute == "selective":
@@ -91,16 +85,3 @@ class FFNStack(nn.Cell):
         for block in self.blocks:
             x = block(x)
         return x
-
-
-def load_ffn(folder, layer, *, dtype=None, backend="auto", recompute="none"):
-    """The :class:`FFNBlock` of one checkpoint layer: ``post_attention_layernorm.weight`` + the MLP, or the MoE
-    block of a Mixtral checkpoint."""
-    config = read_config(folder)
-    mlp = (load_moe if config.is_moe else load_mlp)(folder, layer, dtype=dtype, backend=backend)
-    block = FFNBlock(config.hidden_size, config.intermediate_size, eps=config.rms_norm_eps,
-                     dtype=param_dtype(mlp), mlp=mlp, recompute=recompute)
-    norm, _ = SafetensorsFolder(folder).read(f"model.layers.{layer}.post_attention_layernorm.weight",
-                                             (config.hidden_size,))
-    load_weights(block.post_attention_layernorm, {"weight": norm})
-    return block

@@ -7,13 +7,11 @@ import numpy as np
 from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
-from ms_swiglu.activation import resolve_backend
-from ms_swiglu.checkpoint import load_dense_layer, read_config
+from ms_swiglu.backends import resolve
 from ms_swiglu.config import to_dtype
-from ms_swiglu.linear import Dense, Linear, cpu_upcast
-from ms_swiglu.packing import check_tp
+from ms_swiglu.linear import Dense, Linear
+from ms_swiglu.packing import check_tp, pack_state_dict, unpack_state_dict
 from ms_swiglu.parallel import reduce_cell
-from ms_swiglu.packing import pack_state_dict, unpack_state_dict
 
 
 class PackedSwiGLUMLP(nn.Cell):
@@ -37,9 +35,9 @@ class PackedSwiGLUMLP(nn.Cell):
         dtype = to_dtype(dtype)
         check_tp(intermediate_size, tp_size)
         self.hidden_size, self.intermediate_size, self.tp_size = hidden_size, intermediate_size, tp_size
-        self.backend, local = resolve_backend(backend), intermediate_size // tp_size
-        self.gate_up_proj = Linear(hidden_size, 2 * local, dtype=dtype, backend=backend, swiglu=True)
-        self.down_proj = Linear(local, hidden_size, dtype=dtype, backend=backend)
+        self.backend, local = resolve(backend), intermediate_size // tp_size
+        self.gate_up_proj = Linear(hidden_size, 2 * local, dtype=dtype, backend=self.backend, swiglu=True)
+        self.down_proj = Linear(local, hidden_size, dtype=dtype, backend=self.backend)
         self.reduce = reduce_cell(tp_size)
 
     def construct(self, x):
@@ -61,10 +59,9 @@ class SwiGLUMLP(nn.Cell):
         super().__init__()
         dtype = to_dtype(dtype)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
-        upcast = cpu_upcast(dtype)
-        self.gate_proj = Dense(hidden_size, intermediate_size, dtype, upcast)
-        self.up_proj = Dense(hidden_size, intermediate_size, dtype, upcast)
-        self.down_proj = Dense(intermediate_size, hidden_size, dtype, upcast)
+        self.gate_proj = Dense(hidden_size, intermediate_size, dtype)
+        self.up_proj = Dense(hidden_size, intermediate_size, dtype)
+        self.down_proj = Dense(intermediate_size, hidden_size, dtype)
 
     def construct(self, x):
         gate, up = self.gate_proj(x), self.up_proj(x)  # [T, H] -> 2 x [T, I]
@@ -72,7 +69,22 @@ class SwiGLUMLP(nn.Cell):
         return self.down_proj((ops.silu(gate.astype(f32)) * up.astype(f32)).astype(gate.dtype))  # -> [T, H]
 
 
-def _weights(cell):
+def to_packed(mlp, *, backend="auto"):
+    """A :class:`PackedSwiGLUMLP` with the weights of a :class:`SwiGLUMLP` (``gate, up -> gate_up``)."""
+    dtype = mlp.down_proj.weight.dtype
+    packed = PackedSwiGLUMLP(mlp.hidden_size, mlp.intermediate_size, dtype=dtype, backend=backend)
+    return load_weights(packed, pack_state_dict(weights(mlp)))
+
+
+def to_unpacked(packed):
+    """The :class:`SwiGLUMLP` with the weights of a :class:`PackedSwiGLUMLP` (``gate_up -> gate, up``)."""
+    dtype = packed.down_proj.weight.dtype
+    mlp = SwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=dtype)
+    return load_weights(mlp, unpack_state_dict(weights(packed)))
+
+
+def weights(cell):
+    """``{relative name: NumPy array}`` of a Cell's parameters."""
     return {name: p.asnumpy() for name, p in cell.parameters_and_names()}
 
 
@@ -91,30 +103,3 @@ def load_weights(cell, state):
             raise ValueError(f"{name}: expected shape {params[name].shape}, got {w.shape}")
         params[name].set_data(ms.Tensor(np.ascontiguousarray(w), dtype=params[name].dtype))
     return cell
-
-
-def to_packed(mlp, *, backend="auto"):
-    """A :class:`PackedSwiGLUMLP` with the weights of a :class:`SwiGLUMLP` (``gate, up -> gate_up``)."""
-    dtype = mlp.down_proj.weight.dtype
-    packed = PackedSwiGLUMLP(mlp.hidden_size, mlp.intermediate_size, dtype=dtype, backend=backend)
-    return load_weights(packed, pack_state_dict(_weights(mlp)))
-
-
-def to_unpacked(packed):
-    """The :class:`SwiGLUMLP` with the weights of a :class:`PackedSwiGLUMLP` (``gate_up -> gate, up``)."""
-    dtype = packed.down_proj.weight.dtype
-    mlp = SwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=dtype)
-    return load_weights(mlp, unpack_state_dict(_weights(packed)))
-
-
-def load_mlp(folder, layer, *, dtype=None, backend="auto", tp_size=1, rank=0):
-    """The :class:`PackedSwiGLUMLP` of one layer of a HuggingFace checkpoint folder, packed at load; with
-    ``tp_size`` > 1, rank ``rank``'s part, read as such from the checkpoint.
-
-    ``dtype``: the compute dtype; ``None`` keeps the checkpoint's.
-    """
-    config = read_config(folder)
-    weights, ckpt_dtype = load_dense_layer(folder, layer, config, tp_size, rank)
-    mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype or ckpt_dtype, backend=backend,
-                          tp_size=tp_size)
-    return load_weights(mlp, {"gate_up_proj.weight": weights["gate_up"], "down_proj.weight": weights["down"]})

@@ -8,10 +8,11 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
-from ms_swiglu.checkpoint import load_moe_layer, read_config
+from ms_swiglu.backends import resolve
+from ms_swiglu.backends.matmul import cpu_upcast
 from ms_swiglu.config import to_dtype
-from ms_swiglu.linear import Dense, cpu_upcast
-from ms_swiglu.mlp import PackedSwiGLUMLP, load_weights
+from ms_swiglu.linear import Dense
+from ms_swiglu.mlp import PackedSwiGLUMLP
 from ms_swiglu.packing import check_tp
 from ms_swiglu.parallel import reduce_cell
 
@@ -62,11 +63,11 @@ class PackedMoE(nn.Cell):
         dtype = to_dtype(dtype)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
-        self.upcast = cpu_upcast(dtype, backend)
-        self.router = Dense(hidden_size, num_experts, dtype, self.upcast)
+        self.backend = resolve(backend)
+        self.upcast = cpu_upcast(dtype, self.backend)
+        self.router = Dense(hidden_size, num_experts, dtype, self.backend)
         self.experts = nn.CellList([PackedSwiGLUMLP(hidden_size, intermediate_size // tp_size, dtype=dtype,
-                                                    backend=backend) for _ in range(num_experts)])
-        self.backend = self.experts[0].backend
+                                                    backend=self.backend) for _ in range(num_experts)])
         self.reduce = reduce_cell(tp_size)
 
     def construct(self, x):
@@ -83,18 +84,3 @@ class PackedMoE(nn.Cell):
             w = ops.gather_nd(weights, hit).reshape(-1, 1)  # [T_e, 1]
             out = ops.tensor_scatter_add(out, tokens.reshape(-1, 1), y.astype(mstype.float32) * w)
         return self.reduce(out).reshape(shape).astype(dtype)
-
-
-def load_moe(folder, layer, *, dtype=None, backend="auto", renormalize=True, tp_size=1, rank=0):
-    """The :class:`PackedMoE` of one Mixtral checkpoint layer (w1 -> gate, w3 -> up, packed at load); with
-    ``tp_size`` > 1, rank ``rank``'s part of every expert, read as such from the checkpoint."""
-    config = read_config(folder)
-    weights, ckpt_dtype = load_moe_layer(folder, layer, config, tp_size, rank)
-    moe = PackedMoE(config.hidden_size, config.intermediate_size, config.num_local_experts,
-                    config.num_experts_per_tok, dtype=dtype or ckpt_dtype, backend=backend, renormalize=renormalize,
-                    tp_size=tp_size)
-    state = {"router.weight": weights["router"]}
-    for e in range(config.num_local_experts):
-        state[f"experts.{e}.gate_up_proj.weight"] = weights["gate_up"][e]
-        state[f"experts.{e}.down_proj.weight"] = weights["down"][e]
-    return load_weights(moe, state)

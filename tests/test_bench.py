@@ -41,24 +41,19 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
 def test_bandwidth_probes_compute_what_they_read():
     import numpy as np
 
-    from ms_swiglu._cpu_kernel import add, isa, read_sum, set_isa
+    from ms_swiglu.tools.probes import add, read_sum
 
     x = np.random.default_rng(0).integers(-4, 5, 3 * 4096 + 77).astype(np.float32)
-    best = isa()
-    try:
-        for name in ("generic", "avx2", "avx512"):  # the read probe is compiled per ISA (8 streams per thread)
-            set_isa(name)
-            for n in (0, 5, 1000, x.size):  # shorter than one stream block, and with a tail
-                assert read_sum(x[:n]) == float(x[:n].astype(np.float64).sum()), (name, n)
-    finally:
-        set_isa(best)
+    for name in ("generic", "avx2", "avx512", "best"):  # the read probe is compiled per ISA (8 streams per thread)
+        for n in (0, 5, 1000, x.size):  # shorter than one stream block, and with a tail
+            assert read_sum(x[:n], name) == float(x[:n].astype(np.float64).sum()), (name, n)
     a, b = x[:5000].copy(), x[5000:10000].copy()
     c = np.empty_like(a)
     add(a, b, c)
     np.testing.assert_array_equal(c, a + b)
 
 
-def test_bench_linear_times_every_route(tmp_path):
+def test_bench_linear_times_every_path(tmp_path):
     from ms_swiglu.tools import bench_linear
 
     assert bench_linear.main(["--preset", "tiny", "--tokens", "1", "9", "--dtype", "float32", "bfloat16",
@@ -66,8 +61,8 @@ def test_bench_linear_times_every_route(tmp_path):
     data = json.loads((tmp_path / "l.json").read_text())
     assert [(r["dtype"], r["tokens"]) for r in data["rows"]] == [
         ("float32", 1), ("float32", 9), ("bfloat16", 1), ("bfloat16", 9)]
-    from ms_swiglu import _cpu_kernel
+    from ms_swiglu.backends.cpu import kernels
     for r in data["rows"]:
-        assert all(r[route]["median_s"] > 0 for route in _cpu_kernel.ROUTES) and r["skinny"]["weight_gbps"] > 0
-        assert r["route"] == _cpu_kernel.route(r["dtype"], r["tokens"])  # the automatic choice, restored after forcing
-    assert [r["route"] for r in data["rows"]] == ["skinny", "onednn-swapped", "skinny", "onednn"]
+        assert all(r[path]["median_s"] > 0 for path in kernels.paths()) and r["skinny"]["weight_gbps"] > 0
+        assert r["path"] == kernels.path(r["dtype"], r["tokens"])  # the automatic choice, restored after forcing
+    assert [r["path"] for r in data["rows"]] == ["skinny", "onednn-swapped", "skinny", "onednn"]

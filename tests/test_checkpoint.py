@@ -48,7 +48,7 @@ def test_mixtral_experts_pack_w1_then_w3(tmp_path):
 
 def test_only_the_requested_layer_is_read(tmp_path, monkeypatch):
     make_checkpoint(tmp_path, layers=4, shards=4)
-    from ms_swiglu import checkpoint
+    from ms_swiglu.checkpoint import files as checkpoint
     read = []
     original = checkpoint._read_tensor
     monkeypatch.setattr(checkpoint, "_read_tensor", lambda *a: read.append(a[2]) or original(*a))

@@ -82,14 +82,21 @@ def test_msrun_ranks_equal_one_process(dense, mixtral, tmp_path, kind, tp):
 
 def _job_processes():
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "_tp_worker.py" in line or "msrun" in line]
+    return [line for line in out.splitlines() if "worker.py" in line or "msrun" in line]
+
+
+# `ms-swiglu` with the launcher's worker replaced by tests/tp_fault_worker.py (rank $TP_FAULT_RANK fails)
+FAULTY = [sys.executable, "-c", "import sys; from ms_swiglu.launch import msrun; msrun.WORKER = sys.argv[1]; "
+          "from ms_swiglu import cli; sys.exit(cli.main(sys.argv[2:]))",
+          os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_fault_worker.py")]
 
 
 def test_a_crashed_worker_is_reported_and_nothing_is_left(dense, tmp_path):
     x = np.ones((2, H), np.float32)
     np.save(tmp_path / "x.npy", x)
-    r = _run(dense[0], tmp_path / "x.npy", tmp_path / "y.npy", "--tp-size", 2,
-             env=dict(os.environ, MS_SWIGLU_FAIL_RANK="1"))
+    r = subprocess.run(FAULTY + ["run", "--checkpoint", dense[0], "--layer", "0", "--input", str(tmp_path / "x.npy"),
+                                 "--output", str(tmp_path / "y.npy"), "--tp-size", "2"],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, TP_FAULT_RANK="1"))
     assert r.returncode == 1
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "worker 1 failed" in lines[0] and "injected failure" in lines[0], r.stderr
@@ -101,13 +108,13 @@ def test_a_crashed_worker_is_reported_and_nothing_is_left(dense, tmp_path):
 
 def test_ctrl_c_ends_every_worker(dense, tmp_path):
     np.save(tmp_path / "x.npy", np.ones((2, H), np.float32))
-    proc = subprocess.Popen(CLI + ["run", "--checkpoint", dense[0], "--layer", "0", "--input", str(tmp_path / "x.npy"),
-                                   "--tp-size", "2"], stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, MS_SWIGLU_FAIL_RANK="9"))  # no rank 9: both ranks wait
+    proc = subprocess.Popen(FAULTY + ["run", "--checkpoint", dense[0], "--layer", "0", "--input",
+                                      str(tmp_path / "x.npy"), "--tp-size", "2"], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TP_FAULT_RANK="9"))  # no rank 9: both ranks wait
     deadline = time.time() + 120
-    while time.time() < deadline and len([p for p in _job_processes() if "_tp_worker.py" in p]) < 2:
+    while time.time() < deadline and len([p for p in _job_processes() if "worker.py" in p]) < 2:
         time.sleep(0.2)
-    assert len([p for p in _job_processes() if "_tp_worker.py" in p]) >= 2
+    assert len([p for p in _job_processes() if "worker.py" in p]) >= 2
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err

@@ -6,7 +6,8 @@ from hypothesis import given, settings, strategies as st
 from mindspore import nn, ops
 
 import ms_swiglu
-from ms_swiglu import SwiGLU, _cpu_kernel
+from ms_swiglu import SwiGLU
+from ms_swiglu.backends.cpu import kernels
 from conftest import DTYPES, assert_close, ref_swiglu, ref_swiglu_grad, to_f64, to_tensor
 
 BACKENDS = ["cpu", "akg", "composite"]
@@ -56,9 +57,9 @@ def test_functional_form_matches_cell(backend, mode):
 def test_every_isa_of_the_cpu_kernel(isa, dtype):
     """Each code path of the .so (forced with msw_set_isa), at widths that leave every tail length."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    best = _cpu_kernel.isa()
+    best = kernels.isa()
     try:
-        _cpu_kernel.set_isa(isa)
+        kernels.set_isa(isa)
     except ValueError:
         pytest.fail(f"this CPU lacks {isa}; the suite expects an x86-64 with AVX-512 (found {best})")
     try:
@@ -67,9 +68,9 @@ def test_every_isa_of_the_cpu_kernel(isa, dtype):
             x, x64, dy, dy64 = _inputs((3, 2 * inter), dtype, seed=inter)
             assert_close(net(x), ref_swiglu(x64), dtype, f"{isa} forward I={inter}")
             assert_close(Grad(net)(x, dy), ref_swiglu_grad(x64, dy64), dtype, f"{isa} backward I={inter}")
-        assert _cpu_kernel.isa() == isa
+        assert kernels.isa() == isa
     finally:
-        _cpu_kernel.set_isa(best)
+        kernels.set_isa(best)
         ms.set_context(mode=ms.GRAPH_MODE)
 
 
@@ -145,7 +146,7 @@ def test_bad_backend_name():
 
 def test_auto_is_cpu_here():
     assert ms.get_context("device_target") == "CPU"
-    assert SwiGLU("auto").backend == "cpu"
+    assert SwiGLU("auto").backend.name == "cpu"
 
 
 _DYN = {}
@@ -183,16 +184,16 @@ def test_property_random_shapes_and_values(rows, inter, dtype, scale, seed):
 
 
 def test_launch_counter_sees_each_kernel_run():
-    """msw_launches counts the .so's own launches: one forward per call, one fused backward per gradient."""
+    """kernels.launches() counts the library's own launches: one forward per call, one fused backward per gradient."""
     ms.set_context(mode=ms.GRAPH_MODE)
     net = SwiGLU("cpu")
     x, _, dy, _ = _inputs((3, 8), "float32", seed=9)
     net(x).asnumpy()
     Grad(net)(x, dy).asnumpy()
-    before = _cpu_kernel.launches()
+    before = kernels.launches()
     net(x).asnumpy()
-    after_fwd = _cpu_kernel.launches()
+    after_fwd = kernels.launches()
     Grad(net)(x, dy).asnumpy()
-    after_bwd = _cpu_kernel.launches()
-    assert after_fwd["forward"] - before["forward"] == 1 and after_fwd["backward"] == before["backward"]
-    assert after_bwd["backward"] - after_fwd["backward"] == 1
+    after_bwd = kernels.launches()
+    assert after_fwd["SwigluFwd"] - before["SwigluFwd"] == 1 and after_fwd["SwigluBwd"] == before["SwigluBwd"]
+    assert after_bwd["SwigluBwd"] - after_fwd["SwigluBwd"] == 1

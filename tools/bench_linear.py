@@ -1,8 +1,8 @@
-"""The C++ linear kernels alone (no MindSpore graph): each route per token count and dtype.
+"""The C++ linear kernels alone (no MindSpore graph): each GEMM path per token count and dtype.
 
 One MLP's worth of kernel calls (GateUpSwiglu [N,H]x[2I,H]^T, then Linear [N,I]x[H,I]^T) is timed with each
-route forced, interleaved: the skinny kernel, oneDNN (y = x W^T) and oneDNN swapped (y^T = W x^T). The rows
-show where each route pays (the kSkinnyMax / kSwap defaults in csrc/swiglu.cc come from this table) and how
+path forced, interleaved: the skinny kernel, oneDNN (y = x W^T) and oneDNN swapped (y^T = W x^T). The rows
+show where each path pays (the library's tuning table, ``kernels.tuning()``, comes from this table) and how
 close the decode path gets to the read bandwidth.
 
 Usage: python -m ms_swiglu.tools.bench_linear [--preset llama-7b] [--tokens 1 4 8 16 32 64 128 256 512]
@@ -13,20 +13,21 @@ import sys
 
 import numpy as np
 
-from ms_swiglu import _cpu_kernel
+from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
-from ms_swiglu.tools.timing import interleave, progress, write_json
+from ms_swiglu.progress import progress
+from ms_swiglu.tools.timing import interleave, write_json
 
 def _cast(a, dtype):
-    return to_bf16_bits(a) if dtype == "bfloat16" else a.astype(_cpu_kernel.NP_DTYPES[dtype])
+    return to_bf16_bits(a) if dtype == "bfloat16" else a.astype(kernels.NP_DTYPES[dtype])
 
 
-def _mlp_call(x, w_gate_up, w_down, act, out, dtype, route):
+def _mlp_call(x, w_gate_up, w_down, act, out, dtype, path):
     def call():
-        with _cpu_kernel.forced_route(route):
-            _cpu_kernel.linear(x, w_gate_up, act, dtype, swiglu=True)
-            _cpu_kernel.linear(act, w_down, out, dtype)
+        with kernels.forced_path(path):
+            kernels.linear(x, w_gate_up, act, dtype, swiglu=True)
+            kernels.linear(act, w_down, out, dtype)
     return call
 
 
@@ -35,7 +36,7 @@ def run(args):
 
     hidden, inter = PRESETS[args.preset]
     read_bw, _ = bandwidth()
-    print(f"{args.preset}: H={hidden} I={inter}; GEMM above the skinny range: {_cpu_kernel.gemm()}; "
+    print(f"{args.preset}: H={hidden} I={inter}; GEMM above the skinny range: {kernels.onednn()}; "
           f"read ceiling {read_bw:.1f} GB/s")
     rng = np.random.default_rng(0)
     w_gate_up = rng.standard_normal((2 * inter, hidden), dtype=np.float32) * 0.02
@@ -45,23 +46,23 @@ def run(args):
         wg, wd = _cast(w_gate_up, dtype), _cast(w_down, dtype)
         for n in args.tokens:
             x = _cast(rng.standard_normal((n, hidden), dtype=np.float32), dtype)
-            np_dtype = _cpu_kernel.NP_DTYPES[dtype]
+            np_dtype = kernels.NP_DTYPES[dtype]
             act, out = np.empty((n, inter), np_dtype), np.empty((n, hidden), np_dtype)
-            st = interleave({r: _mlp_call(x, wg, wd, act, out, dtype, r) for r in _cpu_kernel.ROUTES},
+            st = interleave({r: _mlp_call(x, wg, wd, act, out, dtype, r) for r in kernels.paths()},
                             args.rounds, warmup=1)
-            row = {"dtype": dtype, "tokens": n, "route": _cpu_kernel.route(dtype, n)}
+            row = {"dtype": dtype, "tokens": n, "path": kernels.path(dtype, n)}
             for r, s in st.items():
                 row[r] = dict(s, gflops=6 * n * hidden * inter / s["median_s"] / 1e9,
                               weight_gbps=(wg.nbytes + wd.nbytes) / s["median_s"] / 1e9)
             rows.append(row)
             done += 1
             progress("bench_linear", done, len(args.dtype) * len(args.tokens), "cells")
-            best = min(_cpu_kernel.ROUTES, key=lambda r: row[r]["median_s"])
+            best = min(kernels.paths(), key=lambda r: row[r]["median_s"])
             cells = " | ".join(f"{r} {row[r]['median_s'] * 1e3:8.2f} ms {row[r]['gflops']:6.1f} GFLOP/s"
-                               for r in _cpu_kernel.ROUTES)
+                               for r in kernels.paths())
             sk = row["skinny"]
             print(f"{dtype:>9} N={n:<4} {cells} | skinny {sk['weight_gbps']:5.1f} GB/s "
-                  f"({sk['weight_gbps'] / read_bw:4.0%} of read) | fastest {best}, default {row['route']}", flush=True)
+                  f"({sk['weight_gbps'] / read_bw:4.0%} of read) | fastest {best}, default {row['path']}", flush=True)
     return {"preset": args.preset, "read_gbps": read_bw, "rows": rows}
 
 

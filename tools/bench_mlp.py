@@ -40,24 +40,28 @@ import time
 import numpy as np
 
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
-from ms_swiglu.tools.timing import (interleave, probe_process, proc_status, progress, reset_peak_memory,
-                                    write_json)
+from ms_swiglu.progress import progress
+from ms_swiglu.tools.probes import add, read_sum
+from ms_swiglu.tools.timing import interleave, probe_process, proc_status, reset_peak_memory, write_json
 
-VARIANTS = ("baseline", "packed-composite", "packed-cpu", "packed-akg")
 SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def activation_bytes(variant, n, hidden, inter, dtype):
-    """Bytes of the intermediate tensors one call materialises (GEMM outputs, activation, copies)."""
-    s = SIZE[dtype]
-    if variant in ("baseline", "peer-torch"):  # gate, up, silu(gate), product, out
-        return (4 * n * inter + n * hidden) * s
-    if variant == "packed-composite":  # gate_up, the float32 split halves, silu, product (f32), cast, out
-        f32 = 4
-        return 2 * n * inter * s + (4 * n * inter) * f32 + n * inter * s + n * hidden * s
-    if variant == "packed-cpu":  # activation, out, the float32 staging [N, 2 x 1024] of oneDNN's calls
-        return n * inter * s + n * hidden * s + 4 * n * 2 * min(1024, inter)
-    return 2 * n * inter * s + n * inter * s + n * hidden * s  # Dense + SwiGLU op: gate_up, activation, out
+def variants():
+    """``{variant: backend}``: the baseline (no backend: three Dense) and the packed MLP on every backend that
+    runs on this machine's CPU."""
+    from ms_swiglu import backends  # noqa: PLC0415
+
+    packed = {f"packed-{name}": backends.get(name) for name in backends.REGISTRY}
+    return {"baseline": None, **{v: b for v, b in packed.items() if b.runs_on("CPU")}}
+
+
+def activation_bytes(backend, n, hidden, inter, dtype):
+    """Bytes of the intermediate tensors one call materialises (GEMM outputs, activation, copies); backend None:
+    the baseline (and the torch peer): gate, up, silu(gate), product, out."""
+    if backend is None:
+        return (4 * n * inter + n * hidden) * SIZE[dtype]
+    return backend.activation_bytes(n, hidden, inter, SIZE[dtype])
 
 
 def _build(variant, hidden, inter, dtype, jit, layers=1):
@@ -68,15 +72,16 @@ def _build(variant, hidden, inter, dtype, jit, layers=1):
 
     from ms_swiglu import SwiGLUMLP, to_packed  # noqa: PLC0415
 
+    backend = variants()[variant]
     mlps = []
     for seed in range(layers):
         ms.set_seed(seed)
         base = SwiGLUMLP(hidden, inter, dtype=dtype)
-        mlps.append(base if variant == "baseline" else to_packed(base, backend=variant.split("-", 1)[1]))
+        mlps.append(base if backend is None else to_packed(base, backend=backend))
     net = mlps[0] if layers == 1 else nn.SequentialCell(mlps)
     if jit == "O1":
         net.set_jit_config(ms.JitConfig(jit_level="O1"))
-    if variant != "packed-akg":
+    if backend is None or backend.dynamic_shapes:
         net.set_inputs(ms.Tensor(shape=[None, hidden], dtype=getattr(ms, dtype)))
     return net
 
@@ -91,7 +96,6 @@ def _threads(fn, parts):
 
 def bandwidth(rounds=5):
     """(read GB/s, 2-read-1-write GB/s), the best probe, over arrays far larger than the L3."""
-    from ms_swiglu._cpu_kernel import add, read_sum  # noqa: PLC0415
 
     big = np.ones(READ_PROBE_FLOATS, np.float32)
     a, b = np.ones(64 * 2**20, np.float32), np.ones(64 * 2**20, np.float32)
@@ -139,8 +143,6 @@ def ceiling_calls(hidden, inter):
         xt = ms.Tensor(x)
         probes = {"ceiling/mindspore": lambda: cell(xt), "ceiling/numpy": lambda: x @ wt}
         if n == 1:
-            from ms_swiglu._cpu_kernel import read_sum  # noqa: PLC0415
-
             big = np.ones(READ_PROBE_FLOATS, np.float32) if big is None else big
             probes["read/omp"] = lambda: read_sum(big)
         return probes
@@ -157,7 +159,7 @@ def memory_probe(variant, hidden, inter, dtype, n):
     net = _build(variant, hidden, inter, dtype, "O0")
     x1 = ms.Tensor(np.ones((1, hidden), np.float32)).astype(getattr(ms, dtype))
     xn = ms.Tensor(np.ones((n, hidden), np.float32)).astype(getattr(ms, dtype))
-    if variant != "packed-akg":
+    if variants()[variant] is None or variants()[variant].dynamic_shapes:
         net(x1)
     x = xn  # built before the reset: the input is not an activation
     rss0 = reset_peak_memory()
@@ -245,7 +247,8 @@ def run(args):
                         continue
                     st, f32 = stats[f"{v}/{j}/{d}"], stats.get(f"{v}/{j}/float32")
                     gflops = flops / st["median_s"] / 1e9
-                    entry = dict(st, gflops=gflops, activation_bytes=activation_bytes(v, n, hidden, inter, dtype),
+                    entry = dict(st, gflops=gflops, activation_bytes=activation_bytes(variants().get(v), n, hidden, inter,
+                                                                                  dtype),
                                  speedup_vs_baseline=base["median_s"] / st["median_s"] if base else None,
                                  speedup_vs_float32=f32["median_s"] / st["median_s"] if f32 else None)
                     if n == 1:  # median against the probe's median in the same rounds, best against best
@@ -323,7 +326,7 @@ def main(argv=None):
     parser.add_argument("--preset", nargs="+", default=["llama-7b"], choices=sorted(PRESETS))
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 128, 512])
     parser.add_argument("--dtype", nargs="+", default=["float32"], choices=DTYPE_NAMES)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=list(variants()), choices=list(variants()))
     parser.add_argument("--jit", nargs="+", default=["O0"], choices=("O0", "O1"))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--layers", type=int, default=1,

@@ -25,7 +25,7 @@ import mindspore as ms
 import numpy as np
 
 from ms_swiglu import SwiGLU
-from ms_swiglu._cpu_kernel import isa, kernel_path
+from ms_swiglu.backends.cpu.kernels import isa, library_path as kernel_path
 from ms_swiglu.tools.timing import interleave, write_json
 
 SHAPES = [(1, 22016), (128, 22016), (512, 22016)]

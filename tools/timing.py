@@ -34,16 +34,6 @@ def write_json(path, data):
     os.replace(tmp, path)
 
 
-def progress(label, done, total, unit, width=30):
-    """A one-line progress bar on stderr, ended with a newline when done == total."""
-    import sys  # noqa: PLC0415
-
-    filled = width * done // total
-    sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {unit}")
-    sys.stderr.write("\n" if done == total else "")
-    sys.stderr.flush()
-
-
 def reset_peak_memory():
     """Reset this process's peak resident size (VmHWM) and return the resident size now (bytes)."""
     with open("/proc/self/clear_refs", "w") as f:

@@ -1,4 +1,4 @@
-"""``ms-swiglu run --tp-size K``: K worker processes through MindSpore's launcher, msrun.
+"""``ms-swiglu run --tp-size K``: K ranks (``ms_swiglu.launch.worker``) through MindSpore's launcher, msrun.
 
 The parent checks everything first (config, layer, tp size, input, output, msrun, the port), writes the input
 to the work folder, starts msrun in its own process group, and relays rank 0's result line. Whatever happens
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tp_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
 
 class LaunchError(RuntimeError):
@@ -80,6 +80,8 @@ def _failed_worker(log_dir):
 
 
 def launch(args, x, out):
+    """Run the worker script (:data:`WORKER`) on ``args.tp_size`` ranks with the input ``x`` and rank 0 writing
+    ``out``; relay rank 0's result lines. ``args``: the ``ms-swiglu run`` options."""
     bin_dir = os.path.dirname(sys.executable)
     path = bin_dir + os.pathsep + os.environ.get("PATH", "")
     msrun = shutil.which("msrun", path=path)
@@ -92,7 +94,7 @@ def launch(args, x, out):
     np.save(os.path.join(work, "input.npy"), x)
     worker_args = ["--checkpoint", os.path.abspath(args.checkpoint), "--layer", str(args.layer),
                    "--input", os.path.join(work, "input.npy"), "--backend", args.backend, "--repeat", str(args.repeat),
-                   "--tp-size", str(args.tp_size), "--force"]
+                   "--tp-size", str(args.tp_size)]
     if out:
         worker_args += ["--output", out]
     if args.dtype:

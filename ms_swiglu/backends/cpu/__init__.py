@@ -1,0 +1,31 @@
+"""The cpu backend: the package's own C++ kernels as aot Custom ops (``csrc/``, bound through ``kernels``).
+
+The gate/up GEMM has the SwiGLU as its epilogue, so [T, 2I] never exists; the GEMMs run a skinny kernel for few
+tokens and oneDNN's matmul (MindSpore's libdnnl) above, reading the weights in place in their own dtype. AVX-512,
+AVX2 or generic x86-64, chosen at run time; OpenMP threads.
+"""
+from ms_swiglu.backends.cpu.ops import FusedLinear, swiglu_op
+from ms_swiglu.backends.cpu import kernels
+from ms_swiglu.backends.spec import Backend
+
+
+def _activation_bytes(n, hidden, inter, itemsize):
+    # the activation, the output, and the float32 staging [T, 2 x block] of the oneDNN calls
+    return n * inter * itemsize + n * hidden * itemsize + 4 * n * 2 * min(kernels.tuning()["block_rows"], inter)
+
+
+BACKEND = Backend(
+    name="cpu",
+    summary="the package's C++ kernels: SwiGLU as the gate/up GEMM's epilogue (skinny GEMM, oneDNN)",
+    swiglu=swiglu_op,
+    linear=FusedLinear,
+    device="CPU",
+    # Measured: MindSpore's graph-mode recompute (Cell.recompute, primitive recompute, mindspore.recompute) never
+    # re-runs an aot Custom op; the MLP needs none: its forward never stores [T, 2I], its backward recomputes it.
+    recomputable=False,
+    upcasts_on_cpu=True,
+    dynamic_shapes=True,
+    deployable="",
+    graph_ops=frozenset({"Custom"}),
+    activation_bytes=_activation_bytes,
+)

@@ -1,0 +1,103 @@
+// Shared by the kernels of the cpu backend: 16-bit float types, dtypes by name, and the per-ISA kernel tables.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace msw {
+
+struct f16 { uint16_t bits; };
+struct bf16 { uint16_t bits; };
+
+inline float half_to_float(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal half -> normal float
+    int e = -1;
+    do { man <<= 1; ++e; } while (!(man & 0x400u));
+    bits = sign | uint32_t(112 - e) << 23 | ((man & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t float_to_half(float f) {  // round to nearest even
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint16_t sign = (x >> 16) & 0x8000u;
+  uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax >= 0x7F800000u) return sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0u);
+  if (ax >= 0x477FF000u) return sign | 0x7C00u;  // rounds past 65504
+  if (ax < 0x38800000u) {                        // subnormal half or zero
+    if (ax < 0x33000000u) return sign;
+    uint32_t e = ax >> 23, man = (ax & 0x7FFFFFu) | 0x800000u, shift = 126 - e;
+    uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return sign | h;
+  }
+  uint32_t h = ((ax >> 13) - (112u << 10)), rem = ax & 0x1FFFu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return sign | h;
+}
+
+inline float to1(float v) { return v; }
+inline float to1(f16 v) { return half_to_float(v.bits); }
+inline float to1(bf16 v) {
+  uint32_t b = uint32_t(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// Dtypes by the names MindSpore gives an aot op; every table below is indexed by Dtype.
+enum Dtype { kF32, kF16, kBF16, kDtypes };
+extern const char *const kDtypeNames[kDtypes];
+int dtype_index(const char *name);  // -1 when unknown
+inline size_t dtype_size(int d) { return d == kF32 ? 4 : 2; }
+
+// Calls body(row, c0, c1) over [rows] x [0, inter) cut into column blocks, in parallel when large.
+template <typename Body>
+void for_tiles(int64_t rows, int64_t inter, const Body &body) {
+  constexpr int64_t kBlock = 4096, kSerial = 1 << 15;
+  const int64_t blocks = (inter + kBlock - 1) / kBlock, tiles = rows * blocks;
+  const bool parallel = rows * inter >= kSerial && omp_get_max_threads() > 1;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t r = t / blocks, c0 = (t % blocks) * kBlock;
+    body(r, c0, c0 + kBlock < inter ? c0 + kBlock : inter);
+  }
+}
+
+// Weight rows the skinny kernel reads at once (one register tile, one read stream each): more streams per thread
+// for decode, where the weight read is the whole cost.
+struct SkinnyTiles {
+  int rows_16bit_1;  // float16/bfloat16 weights, 1 token (float16 read measured +10% over 8 rows)
+  int rows_1_2;      // 1-2 tokens (the read probe's best: 8 streams per thread)
+  int rows;          // otherwise
+};
+constexpr SkinnyTiles kSkinnyTiles = {12, 8, 4};
+
+// What one ISA's build of isa_*.inc provides.
+struct IsaKernels {
+  const char *name;
+  void (*swiglu_fwd[kDtypes])(const void *x, void *y, int64_t rows, int64_t inter);
+  void (*swiglu_bwd[kDtypes])(const void *x, const void *dy, void *dx, int64_t rows, int64_t inter);
+  void (*to_float[kDtypes])(const void *src, float *dst, int64_t n);
+  void (*from_float[kDtypes])(const float *src, void *dst, int64_t n);
+  void (*swiglu_from_float[kDtypes])(const float *gate, const float *up, void *dst, int64_t n);
+  // y[t * ldy + j] = sum_k x[t, k] w[j, k], j < m: the weight rows streamed once for all n (few) tokens
+  void (*skinny[kDtypes])(const float *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
+};
+
+const IsaKernels &isa();        // the ISA in use
+int set_isa(const char *name);  // 0, or -1 when unknown or not supported by this CPU
+
+}  // namespace msw

@@ -1,0 +1,188 @@
+// The linear kernels. Few tokens (decode): the skinny kernel (isa_linear.inc), which reads each weight row once
+// for all tokens. More tokens: oneDNN's matmul primitive (onednn.cc), reading the weights in place, plain or
+// with the roles swapped. Weights stay in their dtype, every sum is float32, and each output is rounded once.
+#include "gemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <vector>
+
+#include "common.h"
+#include "onednn.h"
+
+namespace msw {
+
+const char *const kPathNames[kPaths] = {"skinny", "onednn", "onednn-swapped"};
+
+namespace {
+
+// The tuning table, by dtype (float32, float16, bfloat16), measured with tools/bench_linear.py at llama-7b
+// shapes: the skinny kernel up to kSkinnyMax tokens, the swapped oneDNN path within kSwap, plain oneDNN above.
+constexpr int64_t kSkinnyMax[kDtypes] = {8, 12, 4};
+constexpr int64_t kSwap[kDtypes][2] = {{9, 192}, {1, 0}, {32, 192}};  // float16: swapping gained nothing measurable
+// Weight rows per oneDNN call when its output goes through a float32 block first (the SwiGLU epilogue, and
+// the swapped path's transpose).
+constexpr int64_t kBlockRows = 1024;
+// Rows of the skinny kernel's output block per thread step (linear, gate_up_swiglu).
+constexpr int64_t kSkinnyRows = 64, kSkinnyCols = 32;
+
+std::atomic<int> g_forced{-1};
+
+// A call on its path: x as float32 (x itself for float32) where the path reads float32.
+struct Op {
+  int d;
+  const void *x;
+  const float *xf;  // the skinny kernel reads float32 x; oneDNN reads float16 x widened (see a())
+  int64_t n, k;
+  Path path;
+  const IsaKernels *ik;
+  // x as oneDNN's source operand: float16 goes in widened (float32 x float16 weights ran 1.05-1.4x faster than
+  // float16 x float16 here at 64-128 tokens; every product is exact either way)
+  int a_d() const { return d == kF16 ? kF32 : d; }
+  const void *a() const { return d == kF16 ? static_cast<const void *>(xf) : x; }
+  size_t es() const { return dtype_size(d); }
+  const char *row(const void *w, int64_t r) const { return static_cast<const char *>(w) + r * k * es(); }
+};
+
+// y[t, ldy * t + j0 + j] (dtype) = ct[j * n + t], j < cols: a swapped GEMM's block transposed back, rounded once.
+void store_transposed(const Op &op, const float *ct, int64_t cols, void *y, int64_t ldy, int64_t j0) {
+#pragma omp parallel
+  {
+    std::vector<float> row(cols);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < op.n; ++t) {
+      for (int64_t j = 0; j < cols; ++j) row[j] = ct[j * op.n + t];
+      op.ik->from_float[op.d](row.data(), static_cast<char *>(y) + (t * ldy + j0) * op.es(), cols);
+    }
+  }
+}
+
+// c = (x w_rows^T) [n, rows] into c (ldc), or swapped, c^T = w_rows x^T [rows, n]; float32.
+bool gemm_block(const Op &op, bool swap, const void *w_rows, int64_t rows, float *c, int64_t ldc) {
+  return swap ? onednn::gemm(op.d, w_rows, rows, op.d, op.x, op.n, op.k, kF32, c, op.n)
+              : onednn::gemm(op.a_d(), op.a(), op.n, op.d, w_rows, rows, op.k, kF32, c, ldc);
+}
+
+// Runs body(op) with x widened where the path reads float32.
+template <typename Body>
+bool run(const Linear &call, const Body &body) {
+  Op op{call.d, call.x, nullptr, call.n, call.k, path(call.d, call.n), &isa()};
+  std::vector<float> xf;
+  if (op.d != kF32 && (op.path == kSkinny || (op.path == kOnednn && op.d == kF16))) {
+    xf.resize(op.n * op.k);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < op.n; ++t) op.ik->to_float[op.d](op.row(op.x, t), xf.data() + t * op.k, op.k);
+  }
+  op.xf = op.d == kF32 ? static_cast<const float *>(op.x) : xf.data();
+  return body(op);
+}
+
+}  // namespace
+
+Path path(int d, int64_t n) {
+  const int forced = g_forced;
+  const Path p = forced >= 0 ? Path(forced)
+                 : n <= kSkinnyMax[d] ? kSkinny
+                 : n >= kSwap[d][0] && n <= kSwap[d][1] ? kSwapped : kOnednn;
+  return p == kSkinny || onednn::takes(d) ? p : kSkinny;
+}
+
+int force_path(int p) { return g_forced.exchange(p >= 0 && p < kPaths ? p : -1); }
+
+std::string tuning_json() {
+  std::string s = "{\"paths\": [";
+  for (int p = 0; p < kPaths; ++p) s += std::string(p ? ", " : "") + "\"" + kPathNames[p] + "\"";
+  s += "], \"skinny_max_tokens\": {";
+  for (int d = 0; d < kDtypes; ++d)
+    s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + std::to_string(kSkinnyMax[d]);
+  s += "}, \"swapped_tokens\": {";
+  for (int d = 0; d < kDtypes; ++d) {
+    s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": ";
+    s += kSwap[d][0] <= kSwap[d][1] ? "[" + std::to_string(kSwap[d][0]) + ", " + std::to_string(kSwap[d][1]) + "]"
+                                    : "null";
+  }
+  s += "}, \"block_rows\": " + std::to_string(kBlockRows);
+  s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(kSkinnyTiles.rows_16bit_1) +
+       ", \"1_2_tokens\": " + std::to_string(kSkinnyTiles.rows_1_2) + ", \"other\": " +
+       std::to_string(kSkinnyTiles.rows) + "}";
+  return s + "}";
+}
+
+bool linear(const Linear &call, const void *w, int64_t m, void *y) {
+  return run(call, [&](const Op &op) {
+    if (op.path == kOnednn) return onednn::gemm(op.a_d(), op.a(), op.n, op.d, w, m, op.k, op.d, y, m);
+    if (op.path == kSwapped) {
+      const int64_t b = std::min(kBlockRows, m);
+      std::vector<float> ct(b * op.n);
+      for (int64_t j0 = 0; j0 < m; j0 += b) {
+        const int64_t rows = std::min(b, m - j0);
+        if (!gemm_block(op, true, op.row(w, j0), rows, ct.data(), op.n)) return false;
+        store_transposed(op, ct.data(), rows, y, m, j0);
+      }
+      return true;
+    }
+#pragma omp parallel
+    {
+      std::vector<float> c(op.n * kSkinnyRows);
+#pragma omp for schedule(static)
+      for (int64_t j0 = 0; j0 < m; j0 += kSkinnyRows) {
+        const int64_t rows = std::min(kSkinnyRows, m - j0);
+        if (op.d == kF32) {
+          op.ik->skinny[kF32](op.xf, op.n, op.k, op.row(w, j0), rows, static_cast<float *>(y) + j0, m);
+          continue;
+        }
+        op.ik->skinny[op.d](op.xf, op.n, op.k, op.row(w, j0), rows, c.data(), kSkinnyRows);
+        for (int64_t t = 0; t < op.n; ++t)
+          op.ik->from_float[op.d](c.data() + t * kSkinnyRows, static_cast<char *>(y) + (t * m + j0) * op.es(), rows);
+      }
+    }
+    return true;
+  });
+}
+
+// y [n, inter] = silu(x w_gate^T) * (x w_up^T), w = [w_gate; w_up] [2 inter, k]: the SwiGLU is the GEMM's
+// epilogue, applied to one block of columns at a time, so [n, 2 inter] never exists.
+bool gate_up_swiglu(const Linear &call, const void *w, int64_t inter, void *y) {
+  return run(call, [&](const Op &op) {
+    auto epilogue = [&](const float *c, int64_t ldc, int64_t t, int64_t j0, int64_t cols) {  // c: [gate | up]
+      op.ik->swiglu_from_float[op.d](c + t * ldc, c + t * ldc + cols,
+                                     static_cast<char *>(y) + (t * inter + j0) * op.es(), cols);
+    };
+    if (op.path != kSkinny) {
+      const bool swap = op.path == kSwapped;
+      const int64_t b = std::min(kBlockRows, inter);
+      std::vector<float> c(op.n * 2 * b);  // [n, gate | up], or swapped [gate; up] x [n]
+      for (int64_t j0 = 0; j0 < inter; j0 += b) {
+        const int64_t cols = std::min(b, inter - j0), up = swap ? cols * op.n : cols;
+        if (!gemm_block(op, swap, op.row(w, j0), cols, c.data(), 2 * cols) ||
+            !gemm_block(op, swap, op.row(w, inter + j0), cols, c.data() + up, 2 * cols))
+          return false;
+        if (!swap) {
+#pragma omp parallel for schedule(static)
+          for (int64_t t = 0; t < op.n; ++t) epilogue(c.data(), 2 * cols, t, j0, cols);
+          continue;
+        }
+#pragma omp parallel for schedule(static)
+        for (int64_t j = 0; j < cols; ++j)  // gate row j <- silu(gate) * up, in float32
+          op.ik->swiglu_from_float[kF32](c.data() + j * op.n, c.data() + up + j * op.n, c.data() + j * op.n, op.n);
+        store_transposed(op, c.data(), cols, y, inter, j0);
+      }
+      return true;
+    }
+#pragma omp parallel
+    {
+      std::vector<float> c(op.n * 2 * kSkinnyCols);
+#pragma omp for schedule(static)
+      for (int64_t j0 = 0; j0 < inter; j0 += kSkinnyCols) {
+        const int64_t cols = std::min(kSkinnyCols, inter - j0);
+        op.ik->skinny[op.d](op.xf, op.n, op.k, op.row(w, j0), cols, c.data(), 2 * cols);
+        op.ik->skinny[op.d](op.xf, op.n, op.k, op.row(w, inter + j0), cols, c.data() + cols, 2 * cols);
+        for (int64_t t = 0; t < op.n; ++t) epilogue(c.data(), 2 * cols, t, j0, cols);
+      }
+    }
+    return true;
+  });
+}
+
+}  // namespace msw

@@ -1,0 +1,29 @@
+// The linear kernels: y = x w^T with w [m, k] as stored by Dense / HuggingFace, and the gate/up GEMM with SwiGLU
+// as its epilogue. Each call takes one of three paths, by dtype and token count (the tuning table, gemm.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace msw {
+
+// skinny: each weight row streamed once for all (few) tokens; onednn: c = x w^T; onednn-swapped: c^T = w x^T,
+// the weights as oneDNN's source operand, each block transposed back.
+enum Path { kSkinny, kOnednn, kSwapped, kPaths };
+extern const char *const kPathNames[kPaths];
+
+Path path(int d, int64_t n);        // the path n tokens of dtype d take (kSkinny when oneDNN cannot run them)
+int force_path(int p);              // every call takes path p (-1: the automatic choice); returns the previous
+std::string tuning_json();          // the tuning table, for the Python side and the benchmarks
+
+// One call: x [n, k] in dtype d, on the path chosen for n.
+struct Linear {
+  int d;
+  const void *x;
+  int64_t n, k;
+};
+
+bool linear(const Linear &op, const void *w, int64_t m, void *y);               // y [n, m] = x w^T
+bool gate_up_swiglu(const Linear &op, const void *w, int64_t inter, void *y);  // y [n, inter], w [2 inter, k]
+
+}  // namespace msw

@@ -1,0 +1,85 @@
+// The vector kernels, compiled for AVX-512, AVX2 and a generic x86-64 baseline in one .so; the ISA is chosen at
+// run time (the best this CPU has), so the .so loads on any x86-64.
+#include <immintrin.h>
+
+#include <string>
+
+#include "common.h"
+
+namespace msw {
+
+const char *const kDtypeNames[kDtypes] = {"float32", "float16", "bfloat16"};
+
+int dtype_index(const char *name) {
+  const std::string d(name);
+  if (d == "float") return kF32;  // MindSpore's other name for float32
+  for (int i = 0; i < kDtypes; ++i)
+    if (d == kDtypeNames[i]) return i;
+  return -1;
+}
+
+#define MSW_TABLE(ns)                                                                       \
+  IsaKernels {                                                                              \
+    #ns, {ns::fwd<float>, ns::fwd<f16>, ns::fwd<bf16>}, {ns::bwd<float>, ns::bwd<f16>, ns::bwd<bf16>}, \
+        {ns::to_float<float>, ns::to_float<f16>, ns::to_float<bf16>},                       \
+        {ns::from_float<float>, ns::from_float<f16>, ns::from_float<bf16>},                 \
+        {ns::swiglu_from_float<float>, ns::swiglu_from_float<f16>, ns::swiglu_from_float<bf16>}, \
+        {ns::skinny<float>, ns::skinny<f16>, ns::skinny<bf16>}                              \
+  }
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+namespace avx512 {
+#define MSW_W 16
+#include "isa_swiglu.inc"
+#include "isa_linear.inc"
+#undef MSW_W
+}  // namespace avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+#define MSW_W 8
+#include "isa_swiglu.inc"
+#include "isa_linear.inc"
+#undef MSW_W
+}  // namespace avx2
+#pragma GCC pop_options
+
+namespace generic {
+#define MSW_W 4
+#include "isa_swiglu.inc"
+#include "isa_linear.inc"
+#undef MSW_W
+}  // namespace generic
+
+namespace {
+const IsaKernels kIsas[] = {MSW_TABLE(avx512), MSW_TABLE(avx2), MSW_TABLE(generic)};  // best first
+
+int best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    return 0;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return 1;
+  return 2;
+}
+
+const int kBestIsa = best_isa();
+int g_isa = kBestIsa;
+}  // namespace
+
+const IsaKernels &isa() { return kIsas[g_isa]; }
+
+int set_isa(const char *name) {
+  for (int i = kBestIsa; i < int(sizeof kIsas / sizeof kIsas[0]); ++i) {
+    if (name == std::string(kIsas[i].name)) {
+      g_isa = i;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+}  // namespace msw

@@ -1,0 +1,217 @@
+// oneDNN's matmul primitive for the linear kernels, run through its threadpool interface with OpenMP threads.
+//
+// The library is the libdnnl.so.3 that MindSpore's CPU wheel ships (the one its own MatMul uses), bound at run
+// time; every type, function signature and constant comes from the oneDNN headers this file is compiled
+// against (onednn-devel, pinned in pyproject.toml). Those headers describe the runtime ABI only for a range of
+// versions, checked before anything is called:
+//   - the C API is backward compatible within a major version: a runtime at least as new as the headers;
+//   - dnnl::threadpool_interop::threadpool_iface is a C++ vtable the library calls into. It gained `wait()`
+//     before its destructor in v3.11 (oneDNN commit 6468abc1), so a 3.11+ runtime would call the wrong slot of a
+//     pool built from older headers: a runtime older than kIfaceChanged;
+//   - the runtime must be a THREADPOOL build (a TBB, OpenMP or SYCL build has no threadpool streams).
+// Outside that range nothing is bound, and the linear kernels run their own (skinny) code for every size.
+#include "onednn.h"
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "common.h"
+#include "oneapi/dnnl/dnnl.h"
+#include "oneapi/dnnl/dnnl_threadpool.h"
+#include "oneapi/dnnl/dnnl_threadpool_iface.hpp"
+
+namespace msw::onednn {
+namespace {
+
+constexpr int kHeaderVersion = DNNL_VERSION_MAJOR * 100 + DNNL_VERSION_MINOR;
+constexpr int kIfaceChanged = 311;  // v3.11: threadpool_iface::wait()
+static_assert(kHeaderVersion < kIfaceChanged, "these sources implement the threadpool_iface of oneDNN < 3.11");
+
+struct OmpPool final : dnnl::threadpool_interop::threadpool_iface {
+  int get_num_threads() const override { return omp_get_max_threads(); }
+  bool get_in_parallel() const override { return omp_in_parallel(); }
+  void parallel_for(int n, const std::function<void(int, int)> &fn) override {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i) fn(i, n);
+  }
+  uint64_t get_flags() const override { return 0; }  // synchronous: parallel_for returns when done
+};
+
+// The slice of the C API used here, typed by the headers' own declarations.
+struct Api {
+  decltype(&dnnl_version) version;
+  decltype(&dnnl_engine_create) engine_create;
+  decltype(&dnnl_threadpool_interop_stream_create) stream_create;
+  decltype(&dnnl_memory_desc_create_with_strides) md_create;
+  decltype(&dnnl_memory_desc_destroy) md_destroy;
+  decltype(&dnnl_matmul_primitive_desc_create) matmul_pd_create;
+  decltype(&dnnl_primitive_desc_destroy) pd_destroy;
+  decltype(&dnnl_primitive_create) primitive_create;
+  decltype(&dnnl_primitive_destroy) primitive_destroy;
+  decltype(&dnnl_memory_create) memory_create;
+  decltype(&dnnl_memory_destroy) memory_destroy;
+  decltype(&dnnl_primitive_execute) execute;
+  decltype(&dnnl_stream_wait) stream_wait;
+  dnnl_engine_t engine = nullptr;
+  OmpPool pool;
+};
+
+std::mutex g_mutex;
+Api g_api;
+bool g_tried = false;
+std::string g_status;
+
+template <typename F>
+bool sym(void *h, F &f, const char *name) {
+  return (f = reinterpret_cast<F>(dlsym(h, name))) != nullptr;
+}
+
+// The file a dlopen handle stands for (its folder from dlinfo, as the name it was asked for may be bare).
+std::string library_path(void *h, const char *asked) {
+  char folder[4096] = {};
+  const std::string name(asked), base = name.substr(name.rfind('/') + 1);
+  return dlinfo(h, RTLD_DI_ORIGIN, folder) == 0 ? std::string(folder) + "/" + base : name;
+}
+
+// The status line; g_api.engine is set only when the library is usable. The library: $MS_SWIGLU_ONEDNN when set,
+// else `path` (MindSpore's copy, from the Python side), else the libdnnl.so.3 already loaded in the process.
+std::string try_bind(const char *path) {
+  const char *env = std::getenv("MS_SWIGLU_ONEDNN");
+  if (env && *env) path = env;
+  const bool named = path && *path;
+  void *h = named ? dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND) : dlopen("libdnnl.so.3", RTLD_NOW | RTLD_NOLOAD);
+  if (!h) return named ? std::string("unavailable: cannot load ") + path + ": " + dlerror()
+                       : "unavailable: no libdnnl.so.3 is loaded in this process";
+  const std::string where = library_path(h, named ? path : "libdnnl.so.3");
+  Api &a = g_api;
+  if (!sym(h, a.version, "dnnl_version")) return "unavailable: " + where + " has no dnnl_version()";
+  const dnnl_version_t *v = a.version();
+  char version[64];
+  std::snprintf(version, sizeof version, "oneDNN %d.%d.%d", v->major, v->minor, v->patch);
+  const std::string found = version + std::string(" at ") + where;
+  const int runtime = v->major * 100 + v->minor;
+  if (v->major != DNNL_VERSION_MAJOR || runtime < kHeaderVersion || runtime >= kIfaceChanged) {
+    char why[128];
+    std::snprintf(why, sizeof why, ", expected %d.%d <= version < %d.%d (the ABI of the headers this package was "
+                  "built with)", DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, kIfaceChanged / 100, kIfaceChanged % 100);
+    return "unavailable: " + found + why;
+  }
+  if (v->cpu_runtime != DNNL_RUNTIME_THREADPOOL)
+    return "unavailable: " + found + ", expected a THREADPOOL build (cpu runtime " +
+           std::to_string(DNNL_RUNTIME_THREADPOOL) + "), got cpu runtime " + std::to_string(v->cpu_runtime);
+  const bool ok = sym(h, a.engine_create, "dnnl_engine_create") &&
+                  sym(h, a.stream_create, "dnnl_threadpool_interop_stream_create") &&
+                  sym(h, a.md_create, "dnnl_memory_desc_create_with_strides") &&
+                  sym(h, a.md_destroy, "dnnl_memory_desc_destroy") &&
+                  sym(h, a.matmul_pd_create, "dnnl_matmul_primitive_desc_create") &&
+                  sym(h, a.pd_destroy, "dnnl_primitive_desc_destroy") &&
+                  sym(h, a.primitive_create, "dnnl_primitive_create") &&
+                  sym(h, a.primitive_destroy, "dnnl_primitive_destroy") &&
+                  sym(h, a.memory_create, "dnnl_memory_create") && sym(h, a.memory_destroy, "dnnl_memory_destroy") &&
+                  sym(h, a.execute, "dnnl_primitive_execute") && sym(h, a.stream_wait, "dnnl_stream_wait");
+  if (!ok) return "unavailable: " + found + " lacks a function of the matmul API";
+  if (a.engine_create(&a.engine, dnnl_cpu, 0) != dnnl_success) {
+    a.engine = nullptr;
+    return "unavailable: " + found + " cannot create a CPU engine";
+  }
+  return found;
+}
+
+}  // namespace
+
+const char *bind(const char *path) {  // the first call decides
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_tried) {
+    g_tried = true;
+    g_status = try_bind(path);
+  }
+  return g_status.c_str();
+}
+
+namespace {
+const Api *api() {
+  bind(nullptr);
+  return g_api.engine ? &g_api : nullptr;
+}
+
+constexpr dnnl_data_type_t kType[kDtypes] = {dnnl_f32, dnnl_f16, dnnl_bf16};
+
+// One matmul primitive per shape, kept per (dtypes, na, nb, k, ldc); the cache is dropped when it holds
+// kMaxMatmuls (dynamic token counts); calls still running keep theirs alive.
+struct Matmul {
+  const Api *api;
+  dnnl_primitive_t primitive = nullptr;
+  dnnl_memory_desc_t md[3] = {};  // src, weights, dst
+  ~Matmul() {
+    if (primitive) api->primitive_destroy(primitive);
+    for (dnnl_memory_desc_t m : md)
+      if (m) api->md_destroy(m);
+  }
+};
+constexpr size_t kMaxMatmuls = 256;
+std::map<std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t>, std::shared_ptr<Matmul>> g_matmuls;
+
+std::shared_ptr<Matmul> matmul(const Api &a, int a_d, int b_d, int c_d, int64_t na, int64_t nb, int64_t k,
+                               int64_t ldc) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto key = std::make_tuple(a_d, b_d, c_d, na, nb, k, ldc);
+  auto it = g_matmuls.find(key);
+  if (it != g_matmuls.end()) return it->second;
+  const dnnl_dims_t dims[3] = {{na, k}, {k, nb}, {na, nb}}, strides[3] = {{k, 1}, {1, k}, {ldc, 1}};
+  const int types[3] = {a_d, b_d, c_d};
+  auto mm = std::make_shared<Matmul>();
+  mm->api = &a;
+  dnnl_primitive_desc_t pd = nullptr;
+  bool ok = true;
+  for (int i = 0; i < 3; ++i) ok = ok && a.md_create(&mm->md[i], 2, dims[i], kType[types[i]], strides[i]) == dnnl_success;
+  ok = ok && a.matmul_pd_create(&pd, a.engine, mm->md[0], mm->md[1], nullptr, mm->md[2], nullptr) == dnnl_success;
+  ok = ok && a.primitive_create(&mm->primitive, pd) == dnnl_success;
+  if (pd) a.pd_destroy(pd);
+  if (!ok) return nullptr;  // e.g. no float16 matmul on this CPU
+  if (g_matmuls.size() >= kMaxMatmuls) g_matmuls.clear();
+  return g_matmuls[key] = mm;
+}
+
+}  // namespace
+
+bool available() { return api() != nullptr; }
+
+bool gemm(int a_d, const void *a, int64_t na, int b_d, const void *b, int64_t nb, int64_t k, int c_d, void *c,
+          int64_t ldc) {
+  const Api *ap = api();
+  if (!ap) return false;
+  const std::shared_ptr<Matmul> mm = matmul(*ap, a_d, b_d, c_d, na, nb, k, ldc);
+  if (!mm) return false;
+  thread_local dnnl_stream_t stream = nullptr;
+  if (!stream && ap->stream_create(&stream, ap->engine, const_cast<OmpPool *>(&ap->pool)) != dnnl_success)
+    return false;
+  dnnl_memory_t mem[3] = {};
+  const void *data[3] = {a, b, c};
+  bool ok = true;
+  for (int i = 0; i < 3; ++i)
+    ok = ok && ap->memory_create(&mem[i], mm->md[i], ap->engine, const_cast<void *>(data[i])) == dnnl_success;
+  const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}};
+  ok = ok && ap->execute(mm->primitive, stream, 3, args) == dnnl_success && ap->stream_wait(stream) == dnnl_success;
+  for (dnnl_memory_t m : mem)
+    if (m) ap->memory_destroy(m);
+  return ok;
+}
+
+bool takes(int d) {
+  static std::atomic<int> known[kDtypes] = {-1, -1, -1};
+  const Api *ap = api();
+  if (!ap) return false;
+  if (known[d] < 0)
+    known[d] = matmul(*ap, d == kF16 ? kF32 : d, d, d, 2, 16, 16, 16) && matmul(*ap, d, d, kF32, 16, 2, 16, 2);
+  return known[d] == 1;
+}
+
+}  // namespace msw::onednn

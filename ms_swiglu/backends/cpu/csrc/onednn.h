@@ -1,0 +1,22 @@
+// oneDNN's matmul primitive, bound at run time (dlopen + dlsym) to a libdnnl.so.3 built with the THREADPOOL
+// runtime (MindSpore's), through the types of the real oneDNN headers (onednn-devel). See onednn.cc.
+#pragma once
+
+#include <cstdint>
+
+namespace msw::onednn {
+
+// Binds `path` (dlopen'ed when given; otherwise the libdnnl.so.3 already loaded in the process). The first call
+// decides; returns a one-line description: "oneDNN 3.10.1 (threadpool) at <path>", or "unavailable: <why>".
+const char *bind(const char *path);
+bool available();
+
+// c [na, nb] (row stride ldc) = a [na, k] b^T with b [nb, k]; a and b row-major. Each operand has its own dtype
+// (a msw::Dtype). False when oneDNN cannot run it (the caller takes another kernel).
+bool gemm(int a_d, const void *a, int64_t na, int b_d, const void *b, int64_t nb, int64_t k, int c_d, void *c,
+          int64_t ldc);
+
+// Whether oneDNN runs dtype d on this CPU, both ways round: x (float32 for float16) by w, and swapped.
+bool takes(int d);
+
+}  // namespace msw::onednn

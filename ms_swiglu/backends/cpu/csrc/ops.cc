@@ -1,0 +1,166 @@
+// The cpu backend's operators, registered with MindSpore as `aot` Custom ops, and the library's diagnostics.
+//
+//   SwigluFwd     x [..., 2I] packed [gate, up]        ->  y  [..., I] = silu(gate) * up
+//   SwigluBwd     x [..., 2I], dy [..., I]             ->  dx [..., 2I] = [d_gate, d_up]
+//   Linear        x [..., K], w [M, K]                 ->  y  [..., M] = x w^T
+//   GateUpSwiglu  x [..., K], w [2I, K] = [gate; up]   ->  y  [..., I] = silu(x w_gate^T) * (x w_up^T)
+//
+// float32 / float16 / bfloat16 in and out (one dtype per call), float32 inside, rounded once. Each op has its
+// C++ {name}InferShape / {name}InferType, which dynamic shapes and MindIR reloading need.
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "gemm.h"
+#include "onednn.h"
+
+namespace {
+
+// Launch counters by op name: what a compiled graph really runs (a diagnostic, read by the tests).
+const char *const kOps[] = {"SwigluFwd", "SwigluBwd", "Linear", "GateUpSwiglu"};
+constexpr int kNumOps = sizeof kOps / sizeof kOps[0];
+std::atomic<int64_t> g_launches[kNumOps];
+
+int op_index(const char *name) {
+  for (int i = 0; i < kNumOps; ++i)
+    if (std::string(name) == kOps[i]) return i;
+  return -1;
+}
+
+// The dtype of an op whose inputs and output all have one dtype, or -1.
+int one_dtype(int nparam, const char **dtypes) {
+  const int d = msw::dtype_index(dtypes[0]);
+  for (int i = 1; i < nparam; ++i)
+    if (std::string(dtypes[i]) != dtypes[0]) return -1;
+  return d;
+}
+
+// Leading dims flattened into rows; the last dim of the packed tensor is 2 * inter.
+void rows_inter(int ndim, const int64_t *shape, int64_t *rows, int64_t *inter) {
+  *rows = 1;
+  for (int i = 0; i + 1 < ndim; ++i) *rows *= shape[i];
+  *inter = ndim > 0 ? shape[ndim - 1] / 2 : 0;
+}
+
+// (x [..., k], w [m, k]) of a linear op; false when they do not fit.
+bool linear_shapes(int *ndims, int64_t **shapes, int64_t *n, int64_t *k, int64_t *m) {
+  if (ndims[0] < 1 || ndims[1] != 2 || shapes[0][ndims[0] - 1] != shapes[1][1]) return false;
+  *n = 1;
+  for (int i = 0; i + 1 < ndims[0]; ++i) *n *= shapes[0][i];
+  *k = shapes[1][1];
+  *m = shapes[1][0];
+  return true;
+}
+
+// A linear op's call (x, w, y): 0, or the aot status code. `packed`: w is [gate; up] and y gets the SwiGLU.
+template <typename Body>
+int run_linear(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool packed,
+               const Body &body) {
+  if (nparam != 3) return 1;
+  const int d = one_dtype(3, dtypes);
+  if (d < 0) return 2;
+  int64_t n, k, m;
+  if (!linear_shapes(ndims, shapes, &n, &k, &m) || (packed && m % 2)) return 3;
+  const int64_t out = packed ? m / 2 : m;
+  if (n * out == 0) return 0;
+  if (k == 0) {
+    std::memset(params[2], 0, n * out * msw::dtype_size(d));  // an empty sum; silu(0) * 0 = 0 too
+    return 0;
+  }
+  return body(msw::Linear{d, params[0], n, k}, params[1], out, params[2]) ? 0 : 4;
+}
+
+std::vector<int64_t> linear_out_shape(int *ndims, int64_t **shapes, bool packed) {
+  std::vector<int64_t> out(shapes[0], shapes[0] + ndims[0]);
+  const int64_t m = ndims[1] == 2 ? shapes[1][0] : -1;
+  if (!out.empty()) out.back() = m < 0 ? -1 : packed ? m / 2 : m;
+  return out;
+}
+
+}  // namespace
+
+enum TypeId : int {};
+class AotExtra;
+
+extern "C" {
+
+// ---- diagnostics (ctypes): the ISA and the GEMM path can be forced, for tests and the benchmarks ----------
+const char *msw_isa() { return msw::isa().name; }
+int msw_set_isa(const char *name) { return msw::set_isa(name); }
+const char *msw_onednn(const char *path) { return msw::onednn::bind(path); }
+const char *msw_dtype_name(int d) { return d >= 0 && d < msw::kDtypes ? msw::kDtypeNames[d] : nullptr; }
+const char *msw_path_name(int p) { return p >= 0 && p < msw::kPaths ? msw::kPathNames[p] : nullptr; }
+int msw_path(const char *dtype, int64_t n) {
+  const int d = msw::dtype_index(dtype);
+  return d < 0 ? -1 : msw::path(d, n);
+}
+int msw_force_path(int p) { return msw::force_path(p); }
+const char *msw_tuning() {
+  static const std::string json = msw::tuning_json();
+  return json.c_str();
+}
+const char *msw_op_name(int i) { return i >= 0 && i < kNumOps ? kOps[i] : nullptr; }
+int64_t msw_launches(const char *op) {
+  const int i = op_index(op);
+  return i < 0 ? -1 : g_launches[i].load();
+}
+
+// ---- the ops ------------------------------------------------------------------------------------------------
+int SwigluFwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  if (nparam != 2) return 1;
+  ++g_launches[op_index("SwigluFwd")];
+  const int d = one_dtype(2, dtypes);
+  if (d < 0) return 2;
+  int64_t rows, inter;
+  rows_inter(ndims[0], shapes[0], &rows, &inter);
+  if (ndims[0] < 1 || shapes[0][ndims[0] - 1] % 2 != 0) return 3;
+  if (rows * inter > 0) msw::isa().swiglu_fwd[d](params[0], params[1], rows, inter);
+  return 0;
+}
+
+std::vector<int64_t> SwigluFwdInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+  std::vector<int64_t> out(shapes[0], shapes[0] + ndims[0]);
+  if (!out.empty() && out.back() >= 0) out.back() /= 2;  // -1 (unknown) stays unknown
+  return out;
+}
+
+TypeId SwigluFwdInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
+
+int SwigluBwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  if (nparam != 3) return 1;
+  ++g_launches[op_index("SwigluBwd")];
+  const int d = one_dtype(3, dtypes);
+  if (d < 0) return 2;
+  int64_t rows, inter;
+  rows_inter(ndims[0], shapes[0], &rows, &inter);
+  if (ndims[0] < 1 || shapes[0][ndims[0] - 1] % 2 != 0) return 3;
+  if (rows * inter > 0) msw::isa().swiglu_bwd[d](params[0], params[1], params[2], rows, inter);
+  return 0;
+}
+
+std::vector<int64_t> SwigluBwdInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+  return std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]);
+}
+
+TypeId SwigluBwdInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
+
+int Linear(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  ++g_launches[op_index("Linear")];
+  return run_linear(nparam, params, ndims, shapes, dtypes, false, msw::linear);
+}
+std::vector<int64_t> LinearInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+  return linear_out_shape(ndims, shapes, false);
+}
+TypeId LinearInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
+
+int GateUpSwiglu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  ++g_launches[op_index("GateUpSwiglu")];
+  return run_linear(nparam, params, ndims, shapes, dtypes, true, msw::gate_up_swiglu);
+}
+std::vector<int64_t> GateUpSwigluInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+  return linear_out_shape(ndims, shapes, true);
+}
+TypeId GateUpSwigluInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
+
+}  // extern "C"

@@ -1,0 +1,174 @@
+"""The cpu backend's C++ library (built by ``pip install``): where it is, what it binds, which paths it takes.
+
+Names, not positions, cross the boundary: dtypes, GEMM paths and ops are asked and answered by name, and the
+tuning table (which path a token count takes) is read from the library itself.
+
+Diagnostics (documented, for tests and benchmarks; not needed to use the package): :func:`set_isa` forces a lower
+instruction set, :func:`forced_path` forces one GEMM path, :func:`launches` counts the ops' runs, :func:`run`
+calls an op on NumPy arrays as MindSpore would.
+
+``MS_SWIGLU_ONEDNN=/path/to/libdnnl.so.3`` binds another oneDNN than MindSpore's; one outside the versions the
+package's headers describe is refused with a warning, and the GEMMs then run on the package's own kernels.
+"""
+import contextlib
+import ctypes
+import functools
+import glob
+import importlib.util
+import json
+import os
+import warnings
+
+import numpy as np
+
+from ms_swiglu.config import DTYPE_NAMES
+
+# The NumPy arrays `run` takes per dtype (bfloat16 as its 16-bit patterns).
+NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+@functools.cache
+def library_path():
+    """Absolute path of the compiled library."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_kernels*.so")))
+    if not found:
+        raise RuntimeError(f"ms_swiglu: expected the C++ kernels _kernels*.so in {here}, found none; "
+                           f"install the package with `pip install .` (it builds them)")
+    return found[0]
+
+
+@functools.cache
+def _lib():
+    lib = ctypes.CDLL(library_path())
+    for name in ("msw_isa", "msw_onednn", "msw_dtype_name", "msw_path_name", "msw_tuning", "msw_op_name"):
+        getattr(lib, name).restype = ctypes.c_char_p
+    lib.msw_set_isa.argtypes = [ctypes.c_char_p]
+    lib.msw_onednn.argtypes = [ctypes.c_char_p]
+    lib.msw_path.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.msw_launches.argtypes = [ctypes.c_char_p]
+    lib.msw_launches.restype = ctypes.c_int64
+    return lib
+
+
+def _names(fn):
+    names, i = [], 0
+    while (name := fn(i)) is not None:
+        names.append(name.decode())
+        i += 1
+    return tuple(names)
+
+
+@functools.cache
+def _mindspore_onednn():
+    spec = importlib.util.find_spec("mindspore")  # located, not imported
+    for folder in spec.submodule_search_locations if spec else ():
+        path = os.path.join(folder, "lib", "libdnnl.so.3")
+        if os.path.exists(path):
+            return path
+    return ""
+
+
+@functools.cache
+def onednn():
+    """What the GEMMs above the skinny range run on, bound on first call: ``"oneDNN 3.10.1 at <path>"`` (by
+    default MindSpore's own libdnnl.so.3), or ``"unavailable: <why>"``, which is also warned about once."""
+    status = _lib().msw_onednn(_mindspore_onednn().encode()).decode()
+    if status.startswith("unavailable"):
+        warnings.warn(f"ms_swiglu: oneDNN {status}; the cpu backend's GEMMs run on its own skinny kernels at every "
+                      f"token count (slower above a few tokens)", RuntimeWarning, stacklevel=2)
+    return status
+
+
+@functools.cache
+def tuning():
+    """The library's tuning table: which path each dtype takes per token count, and its block sizes."""
+    return json.loads(_lib().msw_tuning())
+
+
+@functools.cache
+def paths():
+    """The GEMM paths, by the library's names: ``("skinny", "onednn", "onednn-swapped")``."""
+    return _names(_lib().msw_path_name)
+
+
+@functools.cache
+def dtypes():
+    """The dtype names the library takes (MindSpore's names)."""
+    return _names(_lib().msw_dtype_name)
+
+
+@functools.cache
+def ops():
+    """The op names of the library (those :func:`launches` counts)."""
+    return _names(_lib().msw_op_name)
+
+
+def _dtype(dtype):
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"expected a dtype in {DTYPE_NAMES}, got {dtype!r}")
+    return dtype.encode()
+
+
+def path(dtype, tokens):
+    """The GEMM path ``tokens`` tokens of ``dtype`` take: ``skinny`` (each weight row streamed once for all
+    tokens), ``onednn`` (y = x W^T) or ``onednn-swapped`` (y^T = W x^T, the weights as oneDNN's source)."""
+    onednn()
+    return paths()[_lib().msw_path(_dtype(dtype), int(tokens))]
+
+
+@contextlib.contextmanager
+def forced_path(name):
+    """Within the block every GEMM takes path ``name`` (a diagnostic); oneDNN paths fall back to ``skinny`` where
+    oneDNN cannot run the dtype."""
+    if name not in paths():
+        raise ValueError(f"expected a path in {paths()}, got {name!r}")
+    onednn()
+    previous = _lib().msw_force_path(paths().index(name))
+    try:
+        yield
+    finally:
+        _lib().msw_force_path(previous)
+
+
+def launches():
+    """How often this process has run each op of the library (all threads), by op name (a diagnostic)."""
+    return {name: _lib().msw_launches(name.encode()) for name in ops()}
+
+
+def isa():
+    """The instruction set the kernels use: 'avx512', 'avx2' or 'generic'."""
+    return _lib().msw_isa().decode()
+
+
+def set_isa(name):
+    """Force a lower instruction set (a diagnostic); raises when the CPU lacks it."""
+    if _lib().msw_set_isa(name.encode()) != 0:
+        raise ValueError(f"isa: expected one of 'avx512', 'avx2', 'generic' supported by this CPU, got {name!r}")
+
+
+def run(op, *arrays, dtype):
+    """Call the library's ``op`` on contiguous NumPy arrays as MindSpore would (inputs, then the output, all of
+    ``dtype``: 'float32', 'float16' or 'bfloat16' held as uint16 bits); returns the output (the last array)."""
+    onednn()
+    n = len(arrays)
+    shapes = [(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays]
+    status = getattr(_lib(), op)(
+        n, (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays]), (ctypes.c_int * n)(*[a.ndim for a in arrays]),
+        (ctypes.POINTER(ctypes.c_int64) * n)(*shapes), (ctypes.c_char_p * n)(*[_dtype(dtype)] * n), None, None)
+    if status != 0:
+        raise ValueError(f"{op}: expected inputs it takes, got status {status} for "
+                         f"{[a.shape for a in arrays]} ({dtype})")
+    return arrays[-1]
+
+
+def linear(x, w, out, dtype, swiglu=False):
+    """``Linear`` (``GateUpSwiglu`` with ``swiglu``) on x [..., K], w [M, K], out [..., M] ([..., M/2])."""
+    try:
+        return run("GateUpSwiglu" if swiglu else "Linear", x, w, out, dtype=dtype)
+    except ValueError as exc:
+        raise ValueError(f"linear: expected x [..., K], w [M, K] and out of one dtype; {exc}") from None
+
+
+if __name__ == "__main__":  # python -m ms_swiglu.backends.cpu.kernels: what this machine's library runs
+    print(f"library {library_path()}\nisa {isa()}\n{onednn()}\ntuning {json.dumps(tuning(), indent=1)}")

@@ -1,0 +1,61 @@
+"""The cpu backend's ops: the library's functions as aot Custom ops, each with its C++ InferShape/InferType and a
+backward. Shape legend: T = tokens (any leading dims), K = d_in, M = d_out, I = intermediate_size."""
+from mindspore import nn, ops
+from mindspore.common import dtype as mstype
+from mindspore.ops import CustomRegOp, DataType
+
+from ms_swiglu.backends.cpu import kernels
+from ms_swiglu.backends.spec import SwiGLUOp
+
+
+def aot_op(name, n_inputs, bprop=None):
+    """The library's function ``name`` as an aot Custom op on the CPU: ``n_inputs`` inputs and one output of one
+    dtype (float32, float16 or bfloat16); output shape and dtype come from its C++ {name}InferShape/InferType."""
+    reg = CustomRegOp(name)
+    for i in range(n_inputs):
+        reg = reg.input(i, f"x{i}")
+    reg = reg.output(0, "y")
+    for dt in (DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default):
+        reg = reg.dtype_format(*[dt] * (n_inputs + 1))
+    return ops.Custom(f"{kernels.library_path()}:{name}", out_shape=None, out_dtype=None, func_type="aot",
+                      bprop=bprop, reg_info=reg.target("CPU").get_op_info())
+
+
+def swiglu_op():
+    """SwigluFwd with its fused C++ backward, one per Cell (so that each can be marked on its own)."""
+    bwd = aot_op("SwigluBwd", 2)
+
+    def bprop(x, out, dout):
+        return (bwd(x, dout),)  # [T, 2I] = [d_gate, d_up]
+
+    return SwiGLUOp(aot_op("SwigluFwd", 1, bprop))
+
+
+class FusedLinear(nn.Cell):
+    """``x W^T`` in one C++ call (``Linear``), or with ``swiglu`` the SwiGLU of the packed output as the GEMM's
+    epilogue (``GateUpSwiglu``: [T, 2I] never exists). The backward runs MindSpore's MatMul in float32; with
+    ``swiglu`` it recomputes ``[gate, up]`` first.
+
+    Shapes:
+        x: [T, K]    w: [M, K]    out: [T, M], or [T, M/2] with ``swiglu``
+    """
+
+    def __init__(self, dtype, swiglu):
+        super().__init__()
+        kernels.onednn()  # bind (and check) oneDNN now, not inside the first graph run
+        f32 = mstype.float32
+        mm, mm_ta, mm_tb = ops.MatMul(), ops.MatMul(transpose_a=True), ops.MatMul(transpose_b=True)
+        swiglu_bwd = aot_op("SwigluBwd", 2)
+
+        def bprop(x, w, out, dout):
+            # float32 before any reshape: the CPU has no bfloat16 Reshape
+            x2, w2 = x.astype(f32).reshape(-1, ops.shape(w)[1]), w.astype(f32)  # [T, K], [M, K]
+            dy = dout.astype(f32).reshape(-1, ops.shape(dout)[-1])  # [T, M] (swiglu: [T, M / 2])
+            if swiglu:
+                dy = swiglu_bwd(mm_tb(x2, w2), dy)  # [T, 2I]: d_gate, d_up
+            return mm(dy, w2).reshape(ops.shape(x)).astype(x.dtype), mm_ta(dy, x2).astype(w.dtype)
+
+        self.op = aot_op("GateUpSwiglu" if swiglu else "Linear", 2, bprop)
+
+    def construct(self, x, w):
+        return self.op(x, w)

@@ -1,0 +1,48 @@
+"""One rank of a tensor-parallel run of one checkpoint layer: the script MindSpore's launcher msrun starts on
+every node. ``ms-swiglu run --tp-size K`` starts it for one node; for several nodes run msrun yourself, e.g.
+
+    msrun --worker_num=16 --local_worker_num=8 --master_addr=<node 0> --master_port=8118 --node_rank=<0|1> \\
+          --log_dir=logs --join=True $(python -m ms_swiglu.launch.worker --path) \\
+          --checkpoint DIR --layer N --input X.npy --output Y.npy --tp-size 16
+
+Rank r reads only its own block of every weight; rank 0 prints the result line and writes ``--output``.
+"""
+import argparse
+import os
+import sys
+
+from ms_swiglu.backends import NAMES
+from ms_swiglu.config import DTYPE_NAMES
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="ms_swiglu.launch.worker", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, help="HuggingFace checkpoint folder (the same on every node)")
+    p.add_argument("--layer", type=int, required=True)
+    p.add_argument("--input", required=True, help="float .npy of shape [..., hidden_size]")
+    p.add_argument("--output", help="rank 0 writes the output here as float32 .npy")
+    p.add_argument("--tp-size", type=int, required=True, help="the world size msrun launches")
+    p.add_argument("--dtype", choices=DTYPE_NAMES)
+    p.add_argument("--backend", choices=NAMES, default="auto")
+    p.add_argument("--repeat", type=int, default=3)
+    return p
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--path"]:  # for msrun, which takes a script path
+        print(os.path.abspath(__file__))
+        return 0
+    from ms_swiglu.checkpoint import read_config  # noqa: PLC0415
+    from ms_swiglu.runner import read_input, run_layer  # noqa: PLC0415
+
+    args = parser().parse_args(argv)
+    config = read_config(args.checkpoint)
+    x = read_input(args.input, config.hidden_size)
+    run_layer(args.checkpoint, args.layer, x, config=config, dtype=args.dtype, backend=args.backend,
+              repeat=args.repeat, tp_size=args.tp_size, output=os.path.abspath(args.output) if args.output else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The backend objects (one per backend, asked instead of names), and the cpu library's names, tuning table and
+oneDNN binding (real headers; a runtime outside their ABI is refused and the kernels fall back)."""
+import ctypes
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import mindspore as ms
+import numpy as np
+import pytest
+
+from ms_swiglu import FFNBlock, PackedSwiGLUMLP, backends
+from ms_swiglu.backends.cpu import kernels
+from ms_swiglu.backends.spec import Backend
+from ms_swiglu.config import DTYPE_NAMES
+from conftest import assert_close, ref_swiglu, to_f64, to_tensor
+
+
+def test_every_registered_backend_is_one_object_named_as_registered():
+    for name in backends.REGISTRY:
+        b = backends.get(name)
+        assert isinstance(b, Backend) and b.name == name and backends.resolve(name) is b
+        assert backends.resolve(b) is b
+    assert backends.NAMES == ("auto", *backends.REGISTRY)
+    assert backends.resolve("auto").name == "cpu"  # the device target here is CPU
+    with pytest.raises(ValueError, match=r"backend: expected one of auto, ascend, cpu, akg, composite, got 'gpu'"):
+        backends.get("gpu")
+
+
+def test_facts_of_the_backends():
+    cpu, composite, akg, ascend = (backends.get(n) for n in ("cpu", "composite", "akg", "ascend"))
+    assert [b.runs_on("CPU") for b in (cpu, composite, akg, ascend)] == [True, True, True, False]
+    assert [b.recomputable for b in (cpu, composite, akg, ascend)] == [False, True, False, True]
+    assert not akg.dynamic_shapes and cpu.dynamic_shapes
+    assert not cpu.deployable and composite.deployable and "not run on hardware here" in ascend.deployable
+    assert ascend.graph_ops == {"Swiglu"} and ascend.allowed_ops >= {"Swiglu", "MatMul"}
+    # the fused epilogue never materialises [T, 2I]: fewer intermediate bytes than the native path
+    assert cpu.activation_bytes(512, 4096, 11008, 4) < composite.activation_bytes(512, 4096, 11008, 4)
+
+
+def test_a_new_backend_is_one_module_and_one_registry_line(tmp_path, monkeypatch):
+    """A backend defined outside the package (a module with BACKEND) joins by one registry entry; the Cells, the
+    FFN block's recompute check and the op lookup all ask it."""
+    (tmp_path / "half_swiglu.py").write_text(textwrap.dedent('''
+        import dataclasses
+        from ms_swiglu.backends import composite
+        from ms_swiglu.backends.matmul import MatMulLinear
+        from ms_swiglu.backends.spec import SwiGLUOp
+
+        def _twice(x):
+            return composite.swiglu(x) * 2
+
+        BACKEND = dataclasses.replace(composite.BACKEND, name="twice", swiglu=lambda: SwiGLUOp(_twice),
+                                      linear=lambda dtype, swiglu: MatMulLinear(BACKEND, dtype, swiglu),
+                                      recomputable=False)
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(backends.REGISTRY, "twice", "half_swiglu")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)
+    mlp = PackedSwiGLUMLP(16, 24, backend="twice")
+    x, x64 = to_tensor(np.random.default_rng(0).standard_normal((3, 16)), "float32")
+    gate_up, down = to_f64(mlp.gate_up_proj.weight), to_f64(mlp.down_proj.weight)
+    assert mlp.backend.name == "twice"
+    assert_close(mlp(x), 2 * ref_swiglu(x64 @ gate_up.T) @ down.T, "float32", "new backend")
+    with pytest.raises(ValueError, match="expected a backend MindSpore can recompute .* got twice"):
+        FFNBlock(16, 24, backend="twice", mlp=mlp, recompute="full")
+
+
+def test_the_library_answers_by_name():
+    """Dtypes, paths and ops cross the ctypes boundary by name; these fail when Python and C++ drift apart."""
+    assert kernels.dtypes() == DTYPE_NAMES == tuple(kernels.NP_DTYPES)
+    assert kernels.paths() == ("skinny", "onednn", "onednn-swapped") == tuple(kernels.tuning()["paths"])
+    lib = ctypes.CDLL(kernels.library_path())
+    for op in kernels.ops():  # every counted op is an aot op with the functions MindSpore needs
+        for suffix in ("", "InferShape", "InferType"):
+            assert hasattr(lib, op + suffix), op + suffix
+    assert set(kernels.launches()) == set(kernels.ops())
+    with pytest.raises(ValueError, match="expected a dtype in"):
+        kernels.path("float64", 8)
+
+
+def test_the_tuning_table_is_what_the_paths_follow():
+    table = kernels.tuning()
+    for dtype in DTYPE_NAMES:
+        swapped = table["swapped_tokens"][dtype]
+        for n in range(1, 600):
+            if n <= table["skinny_max_tokens"][dtype]:
+                want = "skinny"
+            elif swapped and swapped[0] <= n <= swapped[1]:
+                want = "onednn-swapped"
+            else:
+                want = "onednn"
+            got = kernels.path(dtype, n)
+            assert got == want or (got == "skinny" and dtype == "float16"), (dtype, n, got)  # float16: CPU-dependent
+
+
+FAKE_DNNL = r"""
+typedef struct { int major, minor, patch; const char *hash; unsigned cpu_runtime, gpu_runtime; } dnnl_version_t;
+static const dnnl_version_t v = {%d, %d, %d, "fake", %du, 0u};
+const dnnl_version_t *dnnl_version(void) { return &v; }
+"""
+
+PROBE = r"""
+import warnings, numpy as np
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    from ms_swiglu.backends.cpu import kernels
+    status = kernels.onednn(); kernels.onednn()
+print("STATUS", status)
+print("WARNINGS", len([w for w in caught if "ms_swiglu: oneDNN unavailable" in str(w.message)]))
+print("PATHS", kernels.path("float32", 512), kernels.path("bfloat16", 64))
+rng = np.random.default_rng(0)
+x, w = rng.standard_normal((64, 40)).astype(np.float32), rng.standard_normal((30, 40)).astype(np.float32)
+y = kernels.linear(x, w, np.empty((64, 15), np.float32), "float32", swiglu=True)
+ref = (x.astype(np.float64) @ w.T.astype(np.float64))
+g, u = ref[:, :15], ref[:, 15:]
+print("ERR", float(np.abs(y - g / (1 + np.exp(-g)) * u).max()))
+"""
+
+
+@pytest.mark.parametrize("version, runtime, why", [
+    ((3, 13, 2), 8, "oneDNN 3.13.2 at {lib}, expected 3.9 <= version < 3.11"),  # threadpool_iface gained wait()
+    ((3, 8, 0), 8, "oneDNN 3.8.0 at {lib}, expected 3.9 <= version < 3.11"),  # older than the headers
+    ((4, 0, 0), 8, "oneDNN 4.0.0 at {lib}, expected 3.9 <= version < 3.11"),
+    ((3, 10, 1), 4, "oneDNN 3.10.1 at {lib}, expected a THREADPOOL build (cpu runtime 8), got cpu runtime 4"),
+    (None, None, "cannot load {lib}"),
+])
+def test_a_onednn_outside_the_headers_abi_is_refused_and_the_kernels_fall_back(tmp_path, version, runtime, why):
+    lib = tmp_path / "libdnnl.so.3"
+    if version:
+        (tmp_path / "fake.c").write_text(FAKE_DNNL % (*version, runtime))
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "fake.c")], check=True)
+    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, MS_SWIGLU_ONEDNN=str(lib)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ")[0].isupper())
+    assert out["STATUS"].startswith("unavailable: " + why.format(lib=lib)), out["STATUS"]
+    assert out["WARNINGS"] == "1"  # one clear warning, however often it is asked
+    assert out["PATHS"] == "skinny skinny"  # every token count on the package's own kernels
+    assert float(out["ERR"]) < 1e-4

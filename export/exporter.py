@@ -78,7 +78,7 @@ def _raw(tensor, dtype):
 
 def _build(req, backend):
     """(network, hidden_size, intermediate_size, model name) for the request, on `backend`."""
-    from ms_swiglu.checkpoint.load import load_ffn, load_mlp  # noqa: PLC0415
+    from ms_swiglu.checkpoint.load import load_block, load_ffn  # noqa: PLC0415
     from ms_swiglu.ffn import FFNBlock, FFNStack  # noqa: PLC0415
     from ms_swiglu.mlp import PackedSwiGLUMLP  # noqa: PLC0415
 
@@ -89,16 +89,13 @@ def _build(req, backend):
         raise ExportError(f"--layers: expected A <= B, got {req.layers[0]}-{req.layers[1]}")
     if req.checkpoint:
         config = read_config(req.checkpoint)
-        if config.is_moe:
-            raise ExportError(f"export: expected a dense model, got model_type {config.model_type!r} "
-                              f"(MoE export is not built yet)")
         for layer in (layers.start, layers.stop - 1):
             config.check_layer(layer)
         hidden, inter, model = config.hidden_size, config.intermediate_size, config.model_type
         if req.stack:
             net = FFNStack([load_ffn(req.checkpoint, i, dtype=req.dtype, backend=backend) for i in layers])
         else:
-            net = load_mlp(req.checkpoint, layers.start, dtype=req.dtype, backend=backend)
+            net = load_block(req.checkpoint, layers.start, dtype=req.dtype, backend=backend)
     else:
         hidden, inter = preset_shape(req.preset)
         model = req.preset
@@ -252,9 +249,9 @@ def export(req):
                                "convert_om.sh (converter_lite, MindIR -> Ascend) or export_air.sh (AIR + ATC)",
             "source": {"checkpoint": os.path.abspath(req.checkpoint) if req.checkpoint else None,
                        "preset": req.preset, "seed": None if req.checkpoint else req.seed, "model": model,
-                       "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP -> residual)"
-                       if req.stack else "PackedSwiGLUMLP"},
-            "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype,
+                       "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP or MoE -> residual)"
+                       if req.stack else type(net).__name__},
+            "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype, "moe": _moe_note(req),
             "inputs": [{"name": input_name, "shape": shape, "dtype": req.dtype, "dynamic": [i for i, d in
                                                                                         enumerate(shape) if d < 0]}],
             "outputs": [{"shape": shape, "dtype": req.dtype}],
@@ -278,6 +275,15 @@ def export(req):
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return manifest
+
+
+def _moe_note(req):
+    """The MoE block of the exported layers (None for dense ones): its config and which layers are sparse."""
+    if not req.checkpoint:
+        return None
+    config = read_config(req.checkpoint)
+    sparse = [i for i in range(req.layers[0], req.layers[1] + 1) if config.is_moe_layer(i)]
+    return dict(dataclasses.asdict(config.moe), sparse_layers=sparse) if sparse else None
 
 
 def _remove_stale_work(folder):

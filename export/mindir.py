@@ -1,9 +1,32 @@
 """Reading a MindIR back: the operator types it holds, without loading it into MindSpore."""
+import collections
 import re
 
 from mindspore.train import mind_ir_pb2
 
 _REF = re.compile(r"^(?:REF::)?(?P<name>[^:]+)(?::\d+)?$")
+
+
+def _nodes(path):
+    """The operator type of every node of a MindIR (main graph and sub-graphs), ``Constant`` nodes left out."""
+    model = mind_ir_pb2.ModelProto()
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:  # protobuf raises its own DecodeError
+        raise ValueError(f"{path}: expected a MindIR protobuf, got undecodable data ({exc})") from None
+    for graph in [model.graph, *model.functions]:
+        for node in graph.node:
+            m = _REF.match(node.op_type)
+            name = m.group("name") if m else node.op_type
+            if name != "Constant":
+                yield name
+
+
+def op_counts(path):
+    """``{op type: number of nodes}`` of a MindIR: how large its graph is, op by op."""
+    return dict(collections.Counter(_nodes(path)))
 
 
 def op_types(path):
@@ -12,22 +35,7 @@ def op_types(path):
     MindIR names primitive nodes ``REF::<Type>:<n>``; graph-level ``Constant`` nodes are not operators and
     are left out.
     """
-    model = mind_ir_pb2.ModelProto()
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        model.ParseFromString(data)
-    except Exception as exc:  # protobuf raises its own DecodeError
-        raise ValueError(f"{path}: expected a MindIR protobuf, got undecodable data ({exc})") from None
-    graphs = [model.graph, *model.functions]
-    found = set()
-    for graph in graphs:
-        for node in graph.node:
-            m = _REF.match(node.op_type)
-            name = m.group("name") if m else node.op_type
-            if name != "Constant":
-                found.add(name)
-    return sorted(found)
+    return sorted(set(_nodes(path)))
 
 
 def graph_io(path):

@@ -14,7 +14,7 @@ from ms_swiglu.backends import NAMES as BACKENDS
 from ms_swiglu.checkpoint import CheckpointError, load_dense_layer, load_moe_layer, read_config, write_safetensors
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
 from ms_swiglu.errors import InputError
-from ms_swiglu.packing import check_tp, shard_down, shard_packed
+from ms_swiglu.packing import shard_down, shard_packed
 from ms_swiglu.progress import progress
 from ms_swiglu.runner import read_input, run_layer
 
@@ -66,7 +66,7 @@ def _layers(spec, config):
 def cmd_run(args):
     config = read_config(args.checkpoint)
     config.check_layer(args.layer)
-    check_tp(config.intermediate_size, args.tp_size)
+    config.check_tp(args.tp_size, [args.layer])
     x = read_input(args.input, config.hidden_size) if args.input else None
     out = _output_path(args.output, args.force) if args.output else None
     if x is None:
@@ -87,34 +87,47 @@ def _rank_paths(path, tp_size):
     return [f"{stem}-tp{r}-of-{tp_size}{ext or '.safetensors'}" for r in range(tp_size)]
 
 
+def _layer_tensors(config, folder, layer):
+    """(``{converted name: array}`` of one layer, all ranks; the checkpoint's dtype; the names that shard like
+    gate_up, like down, and that stay float32)."""
+    if not config.is_moe_layer(layer):
+        w, dtype = load_dense_layer(folder, layer, config)
+        p = f"model.layers.{layer}.mlp."
+        return {p + "gate_up_proj.weight": w["gate_up"], p + "down_proj.weight": w["down"]}, dtype, ({
+            p + "gate_up_proj.weight"}, {p + "down_proj.weight"}, set())
+    w, dtype = load_moe_layer(folder, layer, config)
+    keys = config.keys
+    p = keys.prefix(layer)
+    names = {"router": "gate.weight", "gate_up": "experts.gate_up_proj.weight", "down": "experts.down_proj.weight",
+             "bias": keys.bias, "shared_gate_up": keys.shared + "gate_up_proj.weight",
+             "shared_down": keys.shared + "down_proj.weight", "shared_gate": keys.shared_gate}
+    tensors = {p + names[k]: a for k, a in w.items()}  # gate_up [E, 2I, H], down [E, H, I], the rest replicated
+
+    def named(*kinds):
+        return {p + names[k] for k in kinds if k in w}
+
+    return tensors, dtype, (named("gate_up", "shared_gate_up"), named("down", "shared_down"), named("bias"))
+
+
 def cmd_convert(args):
     config = read_config(args.checkpoint)
     layers = _layers(args.layers or f"0-{config.num_hidden_layers - 1}", config)
-    check_tp(config.intermediate_size, args.tp_size)
+    config.check_tp(args.tp_size, layers)
     paths = [_output_path(p, args.force) for p in _rank_paths(args.output, args.tp_size)]
     ranks = [{} for _ in paths]
-    dtype = args.dtype
+    dtype, float32 = args.dtype, set()
     for i, layer in enumerate(layers):
-        if config.is_moe:
-            w, ckpt_dtype = load_moe_layer(args.checkpoint, layer, config)
-            prefix = f"model.layers.{layer}.block_sparse_moe."
-            names = {"router": prefix + "gate.weight", "gate_up": prefix + "experts.gate_up_proj.weight",
-                     "down": prefix + "experts.down_proj.weight"}
-        else:
-            w, ckpt_dtype = load_dense_layer(args.checkpoint, layer, config)
-            names = {"gate_up": f"model.layers.{layer}.mlp.gate_up_proj.weight",
-                     "down": f"model.layers.{layer}.mlp.down_proj.weight"}
-        dtype = dtype or ckpt_dtype
-        for rank, tensors in enumerate(ranks):
-            tensors[names["gate_up"]] = shard_packed(w["gate_up"], args.tp_size, rank)  # [E,] [2I/p, H]
-            tensors[names["down"]] = shard_down(w["down"], args.tp_size, rank)  # [E,] [H, I/p]
-            if "router" in names:
-                tensors[names["router"]] = w["router"]  # [E, H], replicated
+        tensors, ckpt_dtype, (packed, down, f32) = _layer_tensors(config, args.checkpoint, layer)
+        dtype, float32 = dtype or ckpt_dtype, float32 | f32
+        for rank, out in enumerate(ranks):
+            for name, a in tensors.items():
+                out[name] = (shard_packed(a, args.tp_size, rank) if name in packed else  # [E,] [2I/p, H]
+                             shard_down(a, args.tp_size, rank) if name in down else a)  # [E,] [H, I/p]; replicated
         progress("convert", i + 1, len(layers), "layers")
     for rank, (path, tensors) in enumerate(zip(paths, ranks)):
         meta = {"format": "ms_swiglu.packed", "layout": "gate_up rows [gate; up]", "model_type": config.model_type,
                 "tp_size": args.tp_size, "rank": rank, "layers": f"{layers.start}-{layers.stop - 1}"}
-        write_safetensors(path, tensors, dtype, meta)
+        write_safetensors(path, tensors, dtype, meta, float32=float32)
         print(f"wrote {path} ({len(tensors)} tensors, {dtype})")
     return 0
 

@@ -1,12 +1,17 @@
-"""Mixtral-style sparse MoE block with packed experts: every expert is a packed SwiGLU MLP and computes only
-the tokens routed to it.
+"""Mixture-of-experts blocks with stacked, packed experts (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3).
 
-Shape legend: T = tokens, H = hidden_size, I = intermediate_size, E = num_experts, k = top_k, T_e = tokens
-routed to expert e (sum over e of T_e = T * k).
+Shape legend: T = tokens (any leading dims), H = hidden_size, I = intermediate_size (per expert), E = num_experts,
+k = top_k, p = tp_size, I_s = shared_intermediate_size.
+
+    weights, ids = router(x)                               # [T, H] -> [T, k] float32, [T, k] int32
+    out = experts(x, ids, weights)                         # sum_j weights[t, j] * expert_ids[t, j](x[t])
+    out += [sigmoid(shared_expert_gate(x)) *] shared_expert(x)      # Qwen2-MoE (gated), DeepSeek-V3
 """
 import mindspore as ms
-from mindspore import nn, ops
+import numpy as np
+from mindspore import Parameter, nn, ops
 from mindspore.common import dtype as mstype
+from mindspore.common.initializer import HeUniform, initializer
 
 from ms_swiglu.backends import resolve
 from ms_swiglu.backends.matmul import cpu_upcast
@@ -15,72 +20,107 @@ from ms_swiglu.linear import Dense
 from ms_swiglu.mlp import PackedSwiGLUMLP
 from ms_swiglu.packing import check_tp
 from ms_swiglu.parallel import reduce_cell
+from ms_swiglu.routers import SigmoidGroupTopK, SoftmaxTopK
+
+SCORING = ("softmax", "sigmoid")
 
 
-_TWO, _ZERO = ms.Tensor(2.0, mstype.float32), ms.Tensor(0.0, mstype.float32)
+class StackedExperts(nn.Cell):
+    """E packed SwiGLU experts as two stacked Parameters, run by the backend's experts op (``Backend.experts``):
+    every tensor's shape depends on T only, and neither the graph nor the build grows with E.
 
-
-def route(logits, top_k, renormalize=True):
-    """Router: softmax over all experts in float32, top-k, optionally renormalised to sum 1 (Mixtral's rule).
-
-    Ties go to the lower expert index. Shapes: logits [T, E] -> weights [T, k] float32, experts [T, k] int32.
+    Shapes:
+        x: [T, H]    ids: [T, k] int32    weights: [T, k] float32    out: [T, H]
+        gate_up_proj: [E, 2I/p, H] (each expert [gate_e; up_e])    down_proj: [E, H, I/p]
+        (backends with ``experts_in_out``: [E, H, 2I/p] and [E, I/p, H], converted by :meth:`layout`)
     """
-    probs = ops.softmax(logits.astype(mstype.float32), -1)  # [T, E]
-    # k argmax passes instead of TopK: argmax returns the first maximum, TopK on the CPU breaks ties arbitrarily
-    remaining, weights, experts = probs, [], []
-    for _ in range(top_k):
-        e = ops.argmax(remaining, -1, keepdim=True)  # [T, 1]
-        experts.append(e)
-        weights.append(ops.gather_elements(probs, 1, e))
-        remaining = remaining - ops.one_hot(e[:, 0], probs.shape[-1], _TWO, _ZERO)  # probs <= 1: drops below 0
-    weights, experts = ops.cat(weights, -1), ops.cat(experts, -1)  # [T, k]
-    if renormalize:
-        weights = weights / weights.sum(-1, keepdims=True)
-    return weights, experts.astype(mstype.int32)
+
+    def __init__(self, hidden_size, intermediate_size, num_experts, *, dtype, backend):
+        super().__init__()
+        self.in_out = backend.experts_in_out
+        gate_up, down = (num_experts, 2 * intermediate_size, hidden_size), (num_experts, hidden_size, intermediate_size)
+        self.gate_up_proj = Parameter(initializer(HeUniform(np.sqrt(5)), self.layout(gate_up), dtype), name="gate_up_proj")
+        self.down_proj = Parameter(initializer(HeUniform(np.sqrt(5)), self.layout(down), dtype), name="down_proj")
+        self.op = backend.experts(dtype)
+
+    def layout(self, w):
+        """A stacked weight [E, out, in] (or its shape) as this Cell stores it."""
+        if isinstance(w, tuple):
+            return (w[0], w[2], w[1]) if self.in_out else w
+        return np.ascontiguousarray(np.swapaxes(w, 1, 2)) if self.in_out else w
+
+    def construct(self, x, ids, weights):
+        return self.op(x, ids, weights, self.gate_up_proj, self.down_proj)
 
 
 class PackedMoE(nn.Cell):
-    """``sum_k w_k * expert_{e_k}(x)`` over the top-k experts of a softmax router; sparse dispatch.
+    """``sum_j w_j * expert_{e_j}(x)`` over the top-k experts of a router, plus an optional shared expert.
 
-    Every expert is a :class:`PackedSwiGLUMLP` (one packed gate/up GEMM + the fused SwiGLU) and runs only on
-    the tokens routed to it; the weighted results are scatter-added back in float32. With ``tp_size`` p > 1
-    every expert holds its rank's ``[gate_e,r; up_e,r]`` and ``down_e[:, r]``, and one AllReduce sums the block.
+    ``scoring="softmax"`` (Mixtral, Qwen2-MoE, Qwen3-MoE): :class:`~ms_swiglu.routers.SoftmaxTopK`, renormalised
+    with ``renormalize``. ``scoring="sigmoid"`` (DeepSeek-V3): :class:`~ms_swiglu.routers.SigmoidGroupTopK` with
+    ``n_group``, ``topk_group``, ``routed_scaling_factor``. ``shared_intermediate_size`` > 0 adds a shared
+    expert (a :class:`PackedSwiGLUMLP` on every token), scaled by ``sigmoid(shared_expert_gate(x))`` with
+    ``shared_expert_gate`` (Qwen2-MoE). With ``tp_size`` p > 1 every expert (shared too) holds its rank's
+    ``[gate_r; up_r]`` and ``down[:, r]``, and one AllReduce sums the block.
 
     Shapes:
-        x:                              [T, H]  (any leading dims)
-        router.weight:                  [E, H]  (replicated)
-        experts.{e}.gate_up_proj.weight [2I/p, H]  rows [gate_e; up_e]
-        experts.{e}.down_proj.weight    [H, I/p]
-        out:                            [T, H]
+        x:                       [T, H]  (any leading dims)
+        router.weight:           [E, H]  (replicated)
+        experts.gate_up_proj:    [E, 2I/p, H]
+        experts.down_proj:       [E, H, I/p]
+        shared_expert.*:         [2 I_s/p, H], [H, I_s/p];  shared_expert_gate.weight: [1, H]
+        out:                     [T, H]
     """
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, *, dtype=ms.float32, backend="auto",
-                 renormalize=True, tp_size=1):
+                 renormalize=True, tp_size=1, scoring="softmax", n_group=1, topk_group=1, routed_scaling_factor=1.0,
+                 shared_intermediate_size=0, shared_expert_gate=False):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k: expected 1..num_experts ({num_experts}), got {top_k}")
+        if scoring not in SCORING:
+            raise ValueError(f"scoring: expected one of {', '.join(SCORING)}, got {scoring!r}")
         check_tp(intermediate_size, tp_size)
-        dtype = to_dtype(dtype)
+        dtype, self.backend = to_dtype(dtype), resolve(backend)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
-        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
-        self.backend = resolve(backend)
+        self.num_experts, self.top_k = num_experts, top_k
+        if scoring == "softmax":
+            self.router = SoftmaxTopK(hidden_size, num_experts, top_k, renormalize=renormalize, dtype=dtype,
+                                      backend=self.backend)
+        else:
+            self.router = SigmoidGroupTopK(hidden_size, num_experts, top_k, n_group=n_group, topk_group=topk_group,
+                                           renormalize=renormalize, routed_scaling_factor=routed_scaling_factor,
+                                           backend=self.backend)
+        self.experts = StackedExperts(hidden_size, intermediate_size // tp_size, num_experts, dtype=dtype,
+                                      backend=self.backend)
+        self.shared_expert = self.shared_expert_gate = None
+        if shared_intermediate_size:
+            check_tp(shared_intermediate_size, tp_size)
+            self.shared_expert = PackedSwiGLUMLP(hidden_size, shared_intermediate_size // tp_size, dtype=dtype,
+                                                 backend=self.backend)
+            if shared_expert_gate:
+                self.shared_expert_gate = Dense(hidden_size, 1, dtype, self.backend)
         self.upcast = cpu_upcast(dtype, self.backend)
-        self.router = Dense(hidden_size, num_experts, dtype, self.backend)
-        self.experts = nn.CellList([PackedSwiGLUMLP(hidden_size, intermediate_size // tp_size, dtype=dtype,
-                                                    backend=self.backend) for _ in range(num_experts)])
         self.reduce = reduce_cell(tp_size)
 
     def construct(self, x):
         shape, dtype = ops.shape(x), x.dtype
-        if self.upcast:
-            x = x.astype(mstype.float32)  # the CPU has no bfloat16 Gather or Reshape
-        x = x.reshape(-1, shape[-1])  # [..., H] -> [T, H]
-        weights, experts = route(self.router(x.astype(dtype)), self.top_k, self.renormalize)  # [T, k] each
-        out = ops.zeros(ops.shape(x), mstype.float32)  # accumulated in float32
-        for e in range(self.num_experts):
-            hit = ops.nonzero(experts == e)  # [T_e, 2]: the (token, slot) pairs routed to expert e
-            tokens = hit[:, 0]
-            y = self.experts[e](ops.gather(x, tokens, 0).astype(dtype))  # [T_e, H] -> [T_e, H]
-            w = ops.gather_nd(weights, hit).reshape(-1, 1)  # [T_e, 1]
-            out = ops.tensor_scatter_add(out, tokens.reshape(-1, 1), y.astype(mstype.float32) * w)
-        return self.reduce(out).reshape(shape).astype(dtype)
+        if len(shape) != 2:
+            x = _reshape(x, (-1, shape[-1]), self.upcast)  # [..., H] -> [T, H]
+        weights, ids = self.router(x)  # [T, k] float32, [T, k] int32
+        out = self.experts(x, ids, weights)  # [T, H]
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)  # [T, H]
+            if self.shared_expert_gate is not None:
+                gate = ops.sigmoid(self.shared_expert_gate(x).astype(mstype.float32))  # [T, 1]
+                shared = (gate * shared.astype(mstype.float32)).astype(dtype)
+            out = out + shared
+        out = self.reduce(out)
+        return out if len(shape) == 2 else _reshape(out, shape, self.upcast)
+
+
+def _reshape(x, shape, upcast):
+    """``x.reshape(shape)``; with ``upcast`` through float32 (the CPU has no bfloat16 or float16 Reshape)."""
+    if upcast:
+        return x.astype(mstype.float32).reshape(shape).astype(x.dtype)
+    return x.reshape(shape)

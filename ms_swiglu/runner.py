@@ -64,7 +64,7 @@ def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repea
     y = y.astype(ms.float32).asnumpy()
     if rank != 0:
         return y
-    block = f"MoE {config.num_local_experts} experts top-{config.num_experts_per_tok}" if config.is_moe else "MLP"
+    block = f"MoE {config.num_local_experts} experts top-{config.num_experts_per_tok}" if config.is_moe_layer(layer) else "MLP"
     tp = f", tp {tp_size}" if tp_size > 1 else ""
     print(f"device {device}{tp}, backend {mlp.backend.name}, dtype {str(ms_dtype).lower()}, {block} layer {layer} "
           f"of {config.model_type}, input {list(x.shape)} -> output {list(y.shape)}, latency "

@@ -16,34 +16,71 @@ def _encode(a, dtype):
     return stored, stored.astype(np.float32)
 
 
+# HF's checkpoint names of the MoE families (modeling_*.py, per-expert layout as on the Hub):
+# (block prefix, expert key with {e} and {part}, (gate, up, down) part names, shared expert prefix, routed
+# experts' config key)
+MOE_LAYOUT = {
+    "mixtral": ("block_sparse_moe.", "experts.{e}.{part}.weight", ("w1", "w3", "w2"), None, "num_local_experts"),
+    "qwen2_moe": ("mlp.", "experts.{e}.{part}_proj.weight", ("gate", "up", "down"), "shared_expert.", "num_experts"),
+    "qwen3_moe": ("mlp.", "experts.{e}.{part}_proj.weight", ("gate", "up", "down"), None, "num_experts"),
+    "deepseek_v3": ("mlp.", "experts.{e}.{part}_proj.weight", ("gate", "up", "down"), "shared_experts.",
+                    "n_routed_experts"),
+}
+
+
 def make_checkpoint(folder, *, model_type="llama", hidden=32, inter=48, layers=2, dtype="float32", shards=1,
-                    experts=0, top_k=2, seed=0):
-    """Writes the folder; returns {name: float32 array of the stored values} for the reference."""
+                    experts=0, top_k=2, seed=0, moe_inter=None, shared_inter=0, sparse=None, config_extra=None):
+    """Writes the folder; returns {name: float32 array of the stored values} for the reference.
+
+    MoE families: `experts` experts of `moe_inter` (Mixtral: `inter`) in the layers `sparse` (default: all),
+    dense MLPs of `inter` in the others; `config_extra` goes into config.json as it is (it must describe the
+    same sparse layers). Qwen2-MoE and DeepSeek-V3 get a shared expert of `shared_inter` (Qwen2: gated).
+    DeepSeek-V3's e_score_correction_bias is stored float32, as on the Hub."""
     rng = np.random.default_rng(seed)
     os.makedirs(folder, exist_ok=True)
     config = {"architectures": ["LlamaForCausalLM"], "model_type": model_type, "hidden_size": hidden,
               "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": 4,
               "rms_norm_eps": 1e-5, "torch_dtype": dtype, "vocab_size": 64}
-    if experts:
-        config.update(num_local_experts=experts, num_experts_per_tok=top_k, architectures=["MixtralForCausalLM"])
+    moe = MOE_LAYOUT.get(model_type) if experts else None
+    moe_inter = inter if model_type == "mixtral" else moe_inter
+    sparse = set(range(layers) if sparse is None else sparse) if moe else set()
+    if moe:
+        config.update({moe[4]: experts, "num_experts_per_tok": top_k})
+        if model_type != "mixtral":
+            config["moe_intermediate_size"] = moe_inter
+        config.update(config_extra or {})
     tensors = {"model.embed_tokens.weight": (64, hidden), "model.norm.weight": (hidden,)}
+    float32 = set()
     for i in range(layers):
         p = f"model.layers.{i}."
         tensors.update({p + "self_attn.q_proj.weight": (hidden, hidden), p + "input_layernorm.weight": (hidden,),
                         p + "post_attention_layernorm.weight": (hidden,)})
-        if experts:
-            tensors[p + "block_sparse_moe.gate.weight"] = (experts, hidden)
+        if i in sparse:
+            block, expert, parts, shared, _ = moe
+            q = p + block
+            tensors[q + "gate.weight"] = (experts, hidden)
             for e in range(experts):
-                q = f"{p}block_sparse_moe.experts.{e}."
-                tensors.update({q + "w1.weight": (inter, hidden), q + "w3.weight": (inter, hidden),
-                                q + "w2.weight": (hidden, inter)})
+                tensors.update({q + expert.format(e=e, part=parts[0]): (moe_inter, hidden),
+                                q + expert.format(e=e, part=parts[1]): (moe_inter, hidden),
+                                q + expert.format(e=e, part=parts[2]): (hidden, moe_inter)})
+            if shared and shared_inter:
+                tensors.update({q + shared + "gate_proj.weight": (shared_inter, hidden),
+                                q + shared + "up_proj.weight": (shared_inter, hidden),
+                                q + shared + "down_proj.weight": (hidden, shared_inter)})
+            if model_type == "qwen2_moe" and shared_inter:
+                tensors[q + "shared_expert_gate.weight"] = (1, hidden)
+            if model_type == "deepseek_v3":
+                tensors[q + "gate.e_score_correction_bias"] = (experts,)
+                float32.add(q + "gate.e_score_correction_bias")
         else:
             tensors.update({p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
                             p + "mlp.down_proj.weight": (hidden, inter)})
     stored, entries = {}, {}
     for name, shape in tensors.items():
-        data, stored[name] = _encode(rng.standard_normal(shape) / np.sqrt(shape[-1]), dtype)
-        entries[name] = (TensorSpec(dtype=dtype, shape=list(shape), data_ptr=data.ctypes.data,
+        kind = "float32" if name in float32 else dtype
+        values = rng.standard_normal(shape) / np.sqrt(shape[-1]) if len(shape) > 1 else rng.standard_normal(shape) * 0.1
+        data, stored[name] = _encode(values, kind)
+        entries[name] = (TensorSpec(dtype=kind, shape=list(shape), data_ptr=data.ctypes.data,
                                     data_len=data.nbytes), data)  # data: kept alive for serialize_file
     names = list(entries)
     if shards == 1:

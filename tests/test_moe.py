@@ -1,5 +1,5 @@
-"""PackedMoE: the whole block (routing included) against a NumPy reference; sparse dispatch; Mixtral loading."""
-import json
+"""PackedMoE: routers and whole blocks (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3) against NumPy references written
+from transformers' modelling code; the grouped kernels; static shapes; loading the four families."""
 import os
 import subprocess
 import sys
@@ -8,171 +8,324 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from ms_swiglu import PackedMoE, load_moe
-from conftest import DTYPES, TOL, assert_close, to_f64, to_tensor
+from ms_swiglu import PackedMoE, load_moe, read_config
+from ms_swiglu.backends.cpu import kernels
+from ms_swiglu.checkpoint import load_moe_layer
+from ms_swiglu.checkpoint.load import load_block
+from ms_swiglu.export import op_types
+from ms_swiglu.export.mindir import op_counts
+from ms_swiglu.routers import SigmoidGroupTopK, SoftmaxTopK
+from conftest import DTYPES, TOL, to_f64, to_tensor
 from hf_checkpoint import make_checkpoint
+from moe_reference import ref_block, ref_mlp, ref_sigmoid_router, ref_softmax_router, rnd, silu, stored_params
 
 H, I, E, K = 16, 24, 8, 2
 
 
-def rnd(a, dtype):
-    """Round float64 values to `dtype` and back (the points where the block rounds)."""
-    if dtype == "float32":
-        return a.astype(np.float32).astype(np.float64)
-    if dtype == "float16":
-        return a.astype(np.float16).astype(np.float64)
-    u = a.astype(np.float32).view(np.uint32)
-    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32).astype(np.float64)
+FAMILIES = {  # PackedMoE keyword arguments of each family's block
+    "mixtral": {},
+    "qwen2_moe": dict(renormalize=False, shared_intermediate_size=32, shared_expert_gate=True),
+    "qwen3_moe": dict(renormalize=True),
+    "deepseek_v3": dict(scoring="sigmoid", n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                        shared_intermediate_size=16),
+}
 
 
-def ref_moe(x, router, gate_up, down, k, dtype="float32", renormalize=True):
-    """float64 Mixtral block; rounds to `dtype` where the block does (GEMM outputs, activation, output)."""
-    logits = rnd(x @ router.T, dtype)
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    idx = np.argsort(-p, axis=-1, kind="stable")[:, :k]  # ties: lower expert index first
-    w = np.take_along_axis(p, idx, -1)
-    if renormalize:
-        w /= w.sum(-1, keepdims=True)
-    out = np.zeros_like(x)
-    inter = gate_up.shape[1] // 2
-    for t in range(x.shape[0]):
-        for j in range(k):
-            e = idx[t, j]
-            h = rnd(x[t] @ gate_up[e].T, dtype)
-            act = rnd(h[:inter] / (1 + np.exp(-h[:inter])) * h[inter:], dtype)
-            out[t] += w[t, j] * rnd(act @ down[e].T, dtype)
-    return rnd(out, dtype), idx
-
-
-def _moe(dtype="float32", seed=0, **kw):
+def _moe(family="mixtral", dtype="float32", backend="cpu", seed=0, experts=E, top_k=K):
     ms.set_seed(seed)
-    moe = PackedMoE(H, I, E, K, dtype=DTYPES[dtype], backend="cpu", **kw)
+    moe = PackedMoE(H, I, experts, top_k, dtype=DTYPES[dtype], backend=backend, **FAMILIES[family])
     rng = np.random.default_rng(seed)
-    moe.router.weight.set_data(ms.Tensor(rng.standard_normal((E, H)).astype(np.float32)).astype(DTYPES[dtype]))
+    w = ms.Tensor(rng.standard_normal((experts, H)).astype(np.float32)).astype(DTYPES[dtype])  # a dtype's values
+    moe.router.weight.set_data(w.astype(moe.router.weight.dtype))  # DeepSeek-V3's router keeps float32
+    if family == "deepseek_v3":
+        moe.router.e_score_correction_bias.set_data(ms.Tensor(rng.standard_normal(experts).astype(np.float32) * 0.3))
     return moe
 
 
-def _weights(moe):
-    """router [E, H], gate_up [E, 2I, H], down [E, H, I] as float64."""
-    return [to_f64(moe.router.weight), np.stack([to_f64(x.gate_up_proj.weight) for x in moe.experts]),
-            np.stack([to_f64(x.down_proj.weight) for x in moe.experts])]
+def _params(moe):
+    """The block's weights as float64 arrays (canonical [E, out, in] layout) and its router settings."""
+    layout = (lambda w: np.swapaxes(w, 1, 2)) if moe.experts.in_out else (lambda w: w)
+    p = {"router": to_f64(moe.router.weight), "gate_up": layout(to_f64(moe.experts.gate_up_proj)),
+         "down": layout(to_f64(moe.experts.down_proj)), "k": moe.top_k, "renormalize": moe.router.renormalize}
+    if isinstance(moe.router, SigmoidGroupTopK):
+        p.update(bias=to_f64(moe.router.e_score_correction_bias), n_group=moe.router.n_group,
+                 topk_group=moe.router.topk_group, scale=moe.router.scale)
+    if moe.shared_expert is not None:
+        p.update(shared_gate_up=to_f64(moe.shared_expert.gate_up_proj.weight),
+                 shared_down=to_f64(moe.shared_expert.down_proj.weight))
+    if moe.shared_expert_gate is not None:
+        p["shared_gate"] = to_f64(moe.shared_expert_gate.weight)
+    return p
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 17, 64])
+def _close(y, expected, dtype, what):
+    # The reference rounds where the block rounds; float32 vs float64 sums can still move a rounding by one ulp at
+    # each of the (up to four) rounding points of a 16-bit block, hence 4x the one-rounding tolerance there.
+    atol, rtol = TOL[dtype]
+    scale = 1 if dtype == "float32" else 4
+    np.testing.assert_allclose(to_f64(y), expected, atol=scale * atol, rtol=scale * rtol, err_msg=what)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("backend", ["cpu", "composite"])
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_block_matches_numpy(tokens, dtype, mode):
-    moe = _moe(dtype, seed=tokens)
-    x, x64 = to_tensor(np.random.default_rng(tokens).standard_normal((tokens, H)), dtype)
-    expected, _ = ref_moe(x64, *_weights(moe), K, dtype)
-    y = moe(x)
-    assert y.dtype == DTYPES[dtype]
-    if dtype == "float32":
-        assert_close(y, expected, dtype, "MoE vs float64")
-    else:
-        # The reference rounds where the block rounds; float32 vs float64 GEMM sums can still move a rounding
-        # by one ulp at each of the four rounding points, hence 4x the one-rounding tolerance.
-        atol, rtol = TOL[dtype]
-        np.testing.assert_allclose(to_f64(y), expected, atol=4 * atol, rtol=4 * rtol)
+def test_block_matches_numpy(family, backend, dtype):
+    ms.set_context(mode=ms.GRAPH_MODE)
+    moe = _moe(family, dtype, backend, seed=3)
+    moe.set_inputs(ms.Tensor(shape=[None, H], dtype=DTYPES[dtype]))
+    p = _params(moe)
+    for tokens in (1, 3, 17, 64):
+        x, x64 = to_tensor(np.random.default_rng(tokens).standard_normal((tokens, H)), dtype)
+        y = moe(x)
+        assert y.dtype == DTYPES[dtype] and y.shape == (tokens, H)
+        _close(y, ref_block(x64, p, dtype)[0], dtype, f"{family} {backend} {dtype} T={tokens}")
 
 
-def test_ties_go_to_the_lower_expert(mode):
-    moe = _moe()
-    moe.router.weight.set_data(ms.Tensor(np.zeros((E, H), np.float32)))  # every expert scores the same
-    x, x64 = to_tensor(np.random.default_rng(0).standard_normal((5, H)), "float32")
-    expected, idx = ref_moe(x64, *_weights(moe), K)
-    assert (idx == [0, 1]).all()
-    assert_close(moe(x), expected, "float32", "ties")
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_softmax_router_and_its_ties(renormalize, mode):
+    router = SoftmaxTopK(H, E, 3, renormalize=renormalize, backend="cpu")
+    x, x64 = to_tensor(np.random.default_rng(1).standard_normal((9, H)), "float32")
+    weights, idx = router(x)
+    want_w, want_idx = ref_softmax_router(x64, to_f64(router.weight), 3, renormalize)
+    np.testing.assert_array_equal(idx.asnumpy(), want_idx)
+    np.testing.assert_allclose(weights.asnumpy(), want_w, atol=TOL["float32"][0], rtol=TOL["float32"][1])
+    router.weight.set_data(ms.Tensor(np.zeros((E, H), np.float32)))  # every expert scores the same
+    np.testing.assert_array_equal(router(x)[1].asnumpy(), np.tile([0, 1, 2], (9, 1)))
 
 
-def test_expert_with_no_token_single_token_and_every_expert(mode):
+def test_sigmoid_group_router(mode):
+    rng = np.random.default_rng(2)
+    router = SigmoidGroupTopK(H, 16, 4, n_group=4, topk_group=2, renormalize=True, routed_scaling_factor=2.5)
+    router.e_score_correction_bias.set_data(ms.Tensor(rng.standard_normal(16).astype(np.float32)))
+    x, x64 = to_tensor(rng.standard_normal((33, H)), "float32")
+    weights, idx = router(x)
+    w, b = to_f64(router.weight), to_f64(router.e_score_correction_bias)
+    want_w, want_idx = ref_sigmoid_router(x64, w, b, 4, 4, 2, True, 2.5)
+    np.testing.assert_array_equal(idx.asnumpy(), want_idx)
+    np.testing.assert_allclose(weights.asnumpy(), want_w, atol=TOL["float32"][0], rtol=TOL["float32"][1])
+    np.testing.assert_allclose(weights.asnumpy().sum(-1), 2.5, rtol=1e-6)  # renormalised, then scaled
+    # the bias chooses, the unbiased scores weigh: a large bias on expert 15 puts it in every top-k, with its own
+    # (unbiased) sigmoid score as weight
+    router.e_score_correction_bias.set_data(ms.Tensor(np.eye(16, dtype=np.float32)[15] * 100))
+    weights, idx = router(x)
+    assert (idx.asnumpy()[:, 0] == 15).all()
+    scores = 1 / (1 + np.exp(-(x64 @ w.T)))
+    raw = np.take_along_axis(scores, idx.asnumpy(), -1)
+    np.testing.assert_allclose(weights.asnumpy(), 2.5 * raw / raw.sum(-1, keepdims=True), atol=TOL["float32"][0],
+                               rtol=TOL["float32"][1])
+    # experts of the groups left out are never chosen, even where their score beats a kept group's
+    router.e_score_correction_bias.set_data(ms.Tensor(np.repeat([0.0, 0.0, -5.0, -5.0], 4).astype(np.float32)))
+    assert (router(x)[1].asnumpy() < 8).all()
+
+
+def test_router_arguments_are_checked():
+    with pytest.raises(ValueError, match=r"top_k: expected 1..num_experts \(8\), got 9"):
+        PackedMoE(H, I, E, 9)
+    with pytest.raises(ValueError, match="scoring: expected one of softmax, sigmoid, got 'relu'"):
+        PackedMoE(H, I, E, 2, scoring="relu")
+    with pytest.raises(ValueError, match=r"expected n_group dividing num_experts \(8\)"):
+        PackedMoE(H, I, E, 2, scoring="sigmoid", n_group=3)
+    with pytest.raises(ValueError, match=r"top_k: expected at most topk_group \* num_experts / n_group \(2\), got 3"):
+        PackedMoE(H, I, E, 3, scoring="sigmoid", n_group=4, topk_group=1)
+
+
+def test_expert_without_tokens_single_token_and_every_expert(mode):
     moe = _moe(seed=3)
     router = moe.router.weight.asnumpy()
     router[E - 1] = -10.0 * np.abs(router).max()  # expert 7: never chosen for these inputs
     moe.router.weight.set_data(ms.Tensor(router))
     x, x64 = to_tensor(np.abs(np.random.default_rng(3).standard_normal((40, H))), "float32")
-    expected, idx = ref_moe(x64, *_weights(moe), K)
+    expected, idx = ref_block(x64, _params(moe))
     assert E - 1 not in idx
-    assert_close(moe(x), expected, "float32", "expert without tokens")
+    _close(moe(x), expected, "float32", "expert without tokens")
     x1, x1_64 = to_tensor(np.random.default_rng(4).standard_normal((1, H)), "float32")
-    assert_close(moe(x1), ref_moe(x1_64, *_weights(moe), K)[0], "float32", "single token")
+    _close(moe(x1), ref_block(x1_64, _params(moe))[0], "float32", "single token")
     moe = _moe(seed=5)
     x, x64 = to_tensor(np.random.default_rng(5).standard_normal((64, H)), "float32")
-    expected, idx = ref_moe(x64, *_weights(moe), K)
+    expected, idx = ref_block(x64, _params(moe))
     assert set(idx.ravel()) == set(range(E))
-    assert_close(moe(x), expected, "float32", "every expert")
+    _close(moe(x), expected, "float32", "every expert")
 
 
-def test_no_renormalisation_flag(mode):
-    moe = _moe(seed=6, renormalize=False)
-    x, x64 = to_tensor(np.random.default_rng(6).standard_normal((9, H)), "float32")
-    assert_close(moe(x), ref_moe(x64, *_weights(moe), K, renormalize=False)[0], "float32", "no renormalise")
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_grouped_kernels_compute_t_times_k_rows_grouped_by_expert(dtype):
+    """MoeGateUpSwiglu writes T*k rows (never T*E), grouped by expert, stably; MoeDownCombine sums each token's k
+    rows with its weights in float32, rounded once."""
+    rng = np.random.default_rng(0)
+    np_dtype = kernels.NP_DTYPES[dtype]
+    tokens, k, experts, hidden, inter = 13, 3, 6, 20, 12
+
+    def cast(a):
+        t, t64 = to_tensor(a, dtype)
+        return (t.asnumpy().view(np.uint16) if dtype == "bfloat16" else t.asnumpy()), t64
+
+    x, x64 = cast(rng.standard_normal((tokens, hidden)))
+    w1, w1_64 = cast(rng.standard_normal((experts, 2 * inter, hidden)) / 4)
+    w2, w2_64 = cast(rng.standard_normal((experts, hidden, inter)) / 4)
+    ids = rng.integers(0, experts - 1, (tokens, k)).astype(np.int32)  # the last expert gets no row
+    weights = rng.random((tokens, k)).astype(np.float32)
+    h = kernels.run("MoeGateUpSwiglu", x, ids, w1, np.zeros((tokens * k, inter), np_dtype), dtype=dtype)
+    order = np.argsort(ids.ravel(), kind="stable")  # row p of the grouped order is (token, slot) order[p]
+    g = np.einsum("ph,pih->pi", x64[order // k], w1_64[ids.ravel()[order]])
+    want_h = rnd(silu(g[:, :inter]) * g[:, inter:], dtype)
+    h64 = (np.asarray(h, np.uint32) << 16).view(np.float32).astype(np.float64) if dtype == "bfloat16" else h
+    np.testing.assert_allclose(h64, want_h, atol=TOL[dtype][0], rtol=TOL[dtype][1])
+    out = kernels.run("MoeDownCombine", h, ids, weights, w2, np.zeros((tokens, hidden), np_dtype), dtype=dtype)
+    y = np.einsum("pi,phi->ph", h64, w2_64[ids.ravel()[order]])  # grouped rows' outputs, float64
+    back = np.empty_like(order)
+    back[order] = np.arange(order.size)
+    want = rnd((weights.astype(np.float64)[..., None] * y[back].reshape(tokens, k, hidden)).sum(1), dtype)
+    out64 = (np.asarray(out, np.uint32) << 16).view(np.float32).astype(np.float64) if dtype == "bfloat16" else out
+    np.testing.assert_allclose(out64, want, atol=TOL[dtype][0], rtol=TOL[dtype][1])
+    with pytest.raises(ValueError, match="status 4"):  # an expert id outside [0, E)
+        kernels.run("MoeGateUpSwiglu", x, ids + experts, w1, np.zeros((tokens * k, inter), np_dtype), dtype=dtype)
 
 
-def test_dispatch_is_sparse():
-    """Each expert runs on its own tokens only: the expert GEMMs see T * k rows in all, not T * E."""
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    moe = _moe(seed=7)
-    rows = []
-    for expert in moe.experts:
-        original = expert.construct
-        expert.construct = lambda xs, original=original: rows.append(xs.shape[0]) or original(xs)
-    x, _ = to_tensor(np.random.default_rng(7).standard_normal((33, H)), "float32")
-    moe(x)
-    ms.set_context(mode=ms.GRAPH_MODE)
-    assert len(rows) == E and sum(rows) == 33 * K, rows
-
-
-def test_dynamic_token_count_one_compile():
+def test_one_launch_per_grouped_gemm_and_one_compile_for_every_token_count():
+    """The router's logits are one Linear; the experts are two calls, whatever T."""
     ms.set_context(mode=ms.GRAPH_MODE)
     moe = _moe(seed=8)
     moe.set_inputs(ms.Tensor(shape=[None, H], dtype=ms.float32))
+    p = _params(moe)
     for t in (1, 5, 100):
         x, x64 = to_tensor(np.random.default_rng(t).standard_normal((t, H)), "float32")
-        assert_close(moe(x), ref_moe(x64, *_weights(moe), K)[0], "float32", f"T={t}")
+        before = kernels.launches()
+        _close(moe(x), ref_block(x64, p)[0], "float32", f"T={t}")
+        after = kernels.launches()
+        assert {op: after[op] - before[op] for op in after} == {"SwigluFwd": 0, "SwigluBwd": 0, "Linear": 1,
+                                                                  "GateUpSwiglu": 0, "MoeGateUpSwiglu": 1,
+                                                                  "MoeDownCombine": 1}
     assert len(moe.compile_cache) == 1
 
 
-def test_bad_top_k():
-    with pytest.raises(ValueError, match=r"top_k: expected 1..num_experts \(8\), got 9"):
-        PackedMoE(H, I, E, 9)
+@pytest.mark.parametrize("backend", ["cpu", "composite", "ascend"])
+def test_the_graph_does_not_grow_with_the_experts(backend, tmp_path):
+    """The exported graph of an E=8 and an E=64 block hold the same nodes: no per-expert loop anywhere."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    nodes = {}
+    for experts in (8, 64):
+        moe = _moe("deepseek_v3", backend=backend, experts=experts, top_k=2)
+        name = str(tmp_path / f"e{experts}")
+        ms.export(moe, ms.Tensor(shape=[None, H], dtype=ms.float32), file_name=name, file_format="MINDIR")
+        nodes[experts] = op_counts(name + ".mindir")
+    assert nodes[8] == nodes[64]
+    if backend == "ascend":
+        assert {"MoeInitRoutingV2", "GroupedMatmulV4", "Swiglu"} <= set(op_types(str(tmp_path / "e8.mindir")))
+
+
+def test_ascend_stores_the_experts_in_out_and_loads_them_transposed(tmp_path):
+    make_checkpoint(tmp_path / "q", model_type="qwen3_moe", hidden=H, inter=40, moe_inter=I, experts=E, top_k=K,
+                    layers=1, config_extra={"norm_topk_prob": True})
+    moe = load_moe(str(tmp_path / "q"), 0, backend="ascend")
+    w, _ = load_moe_layer(str(tmp_path / "q"), 0)
+    assert moe.experts.gate_up_proj.shape == (E, H, 2 * I) and moe.experts.down_proj.shape == (E, I, H)
+    np.testing.assert_array_equal(moe.experts.gate_up_proj.asnumpy(), np.swapaxes(w["gate_up"], 1, 2))
+    np.testing.assert_array_equal(moe.experts.down_proj.asnumpy(), np.swapaxes(w["down"], 1, 2))
+
+
+# ---- checkpoints of the four families ----------------------------------------------------------------------
+
+CKPTS = {  # make_checkpoint arguments: sparse layers and the config.json keys that make them sparse
+    "mixtral": dict(layers=2),
+    "qwen2_moe": dict(layers=4, moe_inter=I, shared_inter=32, sparse=[1, 3],
+                      config_extra={"decoder_sparse_step": 2, "mlp_only_layers": [], "norm_topk_prob": False,
+                                    "shared_expert_intermediate_size": 32}),
+    "qwen3_moe": dict(layers=3, moe_inter=I, sparse=[0, 2],
+                      config_extra={"decoder_sparse_step": 1, "mlp_only_layers": [1], "norm_topk_prob": True}),
+    "deepseek_v3": dict(layers=3, moe_inter=I, shared_inter=I, sparse=[1, 2],
+                        config_extra={"first_k_dense_replace": 1, "n_shared_experts": 1, "n_group": 4,
+                                      "topk_group": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+                                      "scoring_func": "sigmoid", "topk_method": "noaux_tc", "moe_layer_freq": 1}),
+}
 
 
 @pytest.fixture(scope="module")
-def mixtral(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mixtral")
-    return str(folder), make_checkpoint(folder, model_type="mixtral", hidden=H, inter=I, experts=E, top_k=K,
-                                        layers=2, seed=9)
+def family_ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {f: (str(root / f), make_checkpoint(root / f, model_type=f, hidden=H, inter=40 if f != "mixtral" else I,
+                                               experts=E, top_k=K, seed=9, dtype="bfloat16" if f == "deepseek_v3"
+                                               else "float32", **kw)) for f, kw in CKPTS.items()}
 
 
-def _stored_weights(stored, layer):
-    p = f"model.layers.{layer}.block_sparse_moe."
-    router = stored[p + "gate.weight"].astype(np.float64)
-    gate_up = np.stack([np.concatenate([stored[f"{p}experts.{e}.w1.weight"], stored[f"{p}experts.{e}.w3.weight"]])
-                        for e in range(E)]).astype(np.float64)
-    down = np.stack([stored[f"{p}experts.{e}.w2.weight"] for e in range(E)]).astype(np.float64)
-    return router, gate_up, down
-
-
-def test_load_moe_from_mixtral_checkpoint(mixtral):
+@pytest.mark.parametrize("family", list(CKPTS))
+def test_each_family_loads_its_sparse_and_dense_layers(family_ckpts, family):
     ms.set_context(mode=ms.GRAPH_MODE)
-    folder, stored = mixtral
-    moe = load_moe(folder, 1, backend="cpu")
-    x, x64 = to_tensor(np.random.default_rng(1).standard_normal((6, H)), "float32")
-    assert_close(moe(x), ref_moe(x64, *_stored_weights(stored, 1), K)[0], "float32", "Mixtral layer")
+    folder, stored = family_ckpts[family]
+    config = read_config(folder)
+    want_sparse = set(CKPTS[family].get("sparse", range(CKPTS[family]["layers"])))
+    assert config.sparse_layers == want_sparse
+    dtype = "bfloat16" if family == "deepseek_v3" else "float32"
+    x, x64 = to_tensor(np.random.default_rng(1).standard_normal((6, H)), dtype)
+    for layer in range(config.num_hidden_layers):
+        block = load_block(folder, layer, backend="cpu")
+        if layer in want_sparse:
+            assert isinstance(block, PackedMoE)
+            if family == "deepseek_v3":  # stored float32 on the Hub and kept so: it only chooses
+                assert block.router.e_score_correction_bias.dtype == ms.float32
+            _close(block(x), ref_block(x64, stored_params(family, stored, layer), dtype)[0], dtype,
+                   f"{family} layer {layer}")
+        else:
+            p = f"model.layers.{layer}.mlp."
+            gate_up = np.concatenate([stored[p + "gate_proj.weight"], stored[p + "up_proj.weight"]]).astype(np.float64)
+            _close(block(x), ref_mlp(x64, gate_up, stored[p + "down_proj.weight"].astype(np.float64), dtype), dtype,
+                   f"{family} dense layer {layer}")
 
 
-def test_cli_runs_the_moe_block(mixtral, tmp_path):
-    folder, stored = mixtral
-    x = np.random.default_rng(2).standard_normal((2, 7, H)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
+@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3"])
+def test_tensor_parallel_ranks_sum_to_the_whole_block(family_ckpts, family):
+    """Each rank reads its [gate_r; up_r] and down[:, r] of every expert and of the shared expert; the ranks'
+    blocks before their AllReduce (built here with tp_size 1 on the rank's weights) sum to the whole block."""
+    from ms_swiglu.checkpoint.load import moe_state
+    from ms_swiglu.mlp import load_weights
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    folder, _ = family_ckpts[family]
+    config, layer = read_config(folder), 1
+    x, _ = to_tensor(np.random.default_rng(2).standard_normal((5, H)), "float32")
+    whole = to_f64(load_moe(folder, layer, backend="cpu", dtype="float32")(x))
+    parts = []
+    for rank in range(2):
+        w, _ = load_moe_layer(folder, layer, tp_size=2, rank=rank)
+        m = config.moe
+        kwargs = dict(m.block_kwargs(), shared_intermediate_size=m.shared_intermediate_size // 2)
+        moe = PackedMoE(H, I // 2, E, K, backend="cpu", **kwargs)
+        parts.append(to_f64(load_weights(moe, moe_state(moe, w))(x)))
+    np.testing.assert_allclose(parts[0] + parts[1], whole, atol=1e-5, rtol=1e-5)
+    assert w["gate_up"].shape == (E, I, H) and w["shared_down"].shape[1] * 2 == CKPTS[family]["shared_inter"]
+
+
+def test_cli_runs_and_converts_every_family(family_ckpts, tmp_path):
+    from ms_swiglu.checkpoint import read_safetensors
+
     cli = os.path.join(os.path.dirname(sys.executable), "ms-swiglu")
-    r = subprocess.run([cli, "run", "--checkpoint", folder, "--layer", "0", "--input", str(tmp_path / "x.npy"),
-                        "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "MoE 8 experts top-2" in r.stdout
-    expected = ref_moe(x.reshape(-1, H).astype(np.float64), *_stored_weights(stored, 0), K)[0].reshape(x.shape)
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, atol=1e-5, rtol=1.3e-6)
-    r = subprocess.run([cli, "run", "--checkpoint", folder, "--layer", "5"], capture_output=True, text=True)
-    assert r.returncode == 2 and "expected 0..1 (num_hidden_layers=2), got 5" in r.stderr
-    assert json.loads(open(os.path.join(folder, "config.json")).read())["num_local_experts"] == E
+    for family, (folder, stored) in family_ckpts.items():
+        layer = sorted(read_config(folder).sparse_layers)[-1]
+        x = np.random.default_rng(2).standard_normal((2, 7, H)).astype(np.float32)
+        np.save(tmp_path / "x.npy", x)
+        r = subprocess.run([cli, "run", "--checkpoint", folder, "--layer", str(layer), "--input",
+                            str(tmp_path / "x.npy"), "--output", str(tmp_path / f"{family}.npy"), "--dtype", "float32"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert f"MoE 8 experts top-2 layer {layer} of {family}" in r.stdout
+        want, _ = ref_block(x.reshape(-1, H).astype(np.float64), stored_params(family, stored, layer))
+        np.testing.assert_allclose(np.load(tmp_path / f"{family}.npy"), want.reshape(x.shape), atol=1e-5, rtol=1e-5)
+        out = tmp_path / f"{family}.safetensors"
+        r = subprocess.run([cli, "convert", "--checkpoint", folder, "--output", str(out), "--tp-size", "2"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        tensors, _ = read_safetensors(str(tmp_path / f"{family}-tp1-of-2.safetensors"))
+        q = f"model.layers.{layer}." + ("block_sparse_moe." if family == "mixtral" else "mlp.")
+        assert tensors[q + "experts.gate_up_proj.weight"].shape == (E, I, H)  # [gate_1; up_1] of every expert
+        np.testing.assert_array_equal(tensors[q + "gate.weight"], stored[q + "gate.weight"])
+        if family == "deepseek_v3":  # the correction bias stays float32 in a bfloat16 file
+            np.testing.assert_array_equal(tensors[q + "gate.e_score_correction_bias"],
+                                          stored[q + "gate.e_score_correction_bias"])
+
+
+def test_dense_and_sparse_layers_are_told_apart(family_ckpts):
+    folder, _ = family_ckpts["deepseek_v3"]
+    with pytest.raises(ValueError, match="layer 0: expected a mixture-of-experts layer, got a dense layer"):
+        load_moe_layer(folder, 0)
+    from ms_swiglu import load_dense_layer
+    with pytest.raises(ValueError, match="layer 1: expected a dense layer, got a mixture-of-experts layer"):
+        load_dense_layer(folder, 1)

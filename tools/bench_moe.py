@@ -1,94 +1,174 @@
-"""Benchmark of the sparse MoE block: its cost should grow with top_k, not with num_experts.
+"""Benchmark of the MoE block: does a layer of E experts cost what its k active experts cost?
 
-Variants (same weights, float32, GRAPH_MODE, interleaved rounds; min / median ms):
-    moe        PackedMoE: each expert computes only its routed tokens (T * k expert rows in all)
-    dense-all  every expert on every token, weighted by the same routing (T * E expert rows)
-    mlp        one packed expert MLP on the T tokens (the cost of one dense expert pass)
+Variants, interleaved in one loop per (shape, T), every dtype in the same loop (min / median ms):
+    moe      PackedMoE(H, I, E, k): router, the two grouped GEMMs of the backend, the weighted sum
+    dense    PackedSwiGLUMLP(H, k*I): the same useful FLOPs in one dense MLP (the goal: moe/dense <= 1.3)
+    read     at T=1, the streaming read of 1 GiB (tools/probes.py): the decode ceiling, in the same rounds
 
-FLOPs executed per call: moe 6*H*I*T*k + 2*H*E*T, dense-all 6*H*I*T*E + 2*H*E*T, mlp 6*H*I*T.
-Goal: moe <= 1.5 * k * mlp (the cost of k dense expert passes over the same tokens).
+At T=1 a call must read the k active experts' weights and the router: moe reports those bytes per second and
+their fraction of the read probe (median against median). At large T every expert is active (P(unused) =
+(1 - k/E)^T), so a call reads all E experts' weights once: the table gives that floor (weight bytes / read
+bandwidth) beside the times. Each (shape, dtype) also reports, each in a fresh process: build + first call of
+the block, and the peak resident memory one call adds against T*k*(H+I) (activations) and the stacked weights
+(a copy of which would show as a peak that large).
 
-Usage: python -m ms_swiglu.tools.bench_moe [--preset small] [--experts 8] [--top-k 2] [--tokens 16 128 512]
+Usage: python -m ms_swiglu.tools.bench_moe [--shape qwen3-30b-a3b mixtral-8x7b] [--tokens 1 16 256 1024]
+                                           [--dtype float32 bfloat16] [--backend cpu] [--rounds 7] [--json F]
 """
 import argparse
 import sys
+import time
 
-import mindspore as ms
 import numpy as np
-from mindspore import nn, ops
 
-from ms_swiglu import PackedMoE, PackedSwiGLUMLP, SwiGLU, preset, route
-from ms_swiglu.config import PRESETS
-from ms_swiglu.tools.timing import interleave, write_json
+from ms_swiglu.progress import progress
+from ms_swiglu.tools.timing import interleave, probe_process, proc_status, reset_peak_memory, write_json
+
+# (hidden_size, moe_intermediate_size, num_experts, top_k, default token counts)
+SHAPES = {
+    "qwen3-30b-a3b": (2048, 768, 128, 8, (1, 16, 256, 1024)),
+    "mixtral-8x7b": (4096, 14336, 8, 2, (1, 512)),
+    "tiny": (64, 32, 16, 4, (1, 8)),
+}
+SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+READ_PROBE_FLOATS = 256 * 2**20  # 1 GiB
 
 
-class DenseAllExperts(nn.Cell):
-    """Every expert on every token: [T, H] -> [E, T, 2I] -> [E, T, I] -> [E, T, H], then the routed sum."""
+def _blocks(shape, dtype, backend, experts=None):
+    """(moe, dense) with seeded random weights: the MoE block and the dense MLP of its active size."""
+    import mindspore as ms  # noqa: PLC0415
 
-    def __init__(self, moe):
-        super().__init__()
-        self.moe, self.act = moe, SwiGLU("cpu")
-        stack = [np.stack([getattr(x, name).weight.asnumpy().T for x in moe.experts]) for name in
-                 ("gate_up_proj", "down_proj")]
-        self.gate_up_t = ms.Parameter(ms.Tensor(stack[0]), name="gate_up_t")  # [E, H, 2I]
-        self.down_t = ms.Parameter(ms.Tensor(stack[1]), name="down_t")  # [E, I, H]
+    from ms_swiglu import PackedMoE, PackedSwiGLUMLP  # noqa: PLC0415
 
-    def construct(self, x):
-        weights, experts = route(self.moe.router(x), self.moe.top_k, self.moe.renormalize)  # [T, k]
-        dense = ops.zeros((x.shape[0], self.moe.num_experts), ms.float32)
-        dense = ops.tensor_scatter_elements(dense, experts, weights, 1)  # [T, E], zero off the top-k
-        y = ops.matmul(self.act(ops.matmul(x, self.gate_up_t)), self.down_t)  # [E, T, 2I] -> [E, T, I] -> [E, T, H]
-        return (y * dense.T.reshape(self.moe.num_experts, -1, 1)).sum(0)  # [T, H]
+    hidden, inter, e, k, _ = SHAPES[shape]
+    ms.set_seed(0)
+    moe = PackedMoE(hidden, inter, experts or e, k, dtype=getattr(ms, dtype), backend=backend)
+    dense = PackedSwiGLUMLP(hidden, k * inter, dtype=getattr(ms, dtype), backend=backend)
+    for net in (moe, dense):
+        net.set_inputs(ms.Tensor(shape=[None, hidden], dtype=getattr(ms, dtype)))
+    return moe, dense
+
+
+def probe(kind, shape, dtype, backend, arg):
+    """In a fresh process: ``build`` (arg = E): seconds to build the block and run its first call;
+    ``memory`` (arg = T): the peak resident bytes one call at T tokens adds (after one call at T=1)."""
+    import mindspore as ms  # noqa: PLC0415
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    hidden = SHAPES[shape][0]
+    if kind == "build":
+        t0 = time.perf_counter()
+        moe, _ = _blocks(shape, dtype, backend, experts=arg)
+        moe(ms.Tensor(np.ones((1, hidden), np.float32)).astype(getattr(ms, dtype))).asnumpy()
+        return time.perf_counter() - t0
+    moe, _ = _blocks(shape, dtype, backend)
+    moe(ms.Tensor(np.ones((1, hidden), np.float32)).astype(getattr(ms, dtype))).asnumpy()
+    x = ms.Tensor(np.random.default_rng(0).standard_normal((arg, hidden)).astype(np.float32)).astype(getattr(ms, dtype))
+    rss0 = reset_peak_memory()
+    moe(x).asnumpy()
+    return proc_status("VmHWM") - rss0
+
+
+def _probe(kind, shape, dtype, backend, arg):
+    return float(probe_process("ms_swiglu.tools.bench_moe", [kind, shape, dtype, backend, arg],
+                               f"{kind} probe {shape} {dtype}", timeout=3600))
+
+
+def run(args):
+    import mindspore as ms  # noqa: PLC0415
+
+    from ms_swiglu.tools.bench_mlp import bandwidth  # noqa: PLC0415
+    from ms_swiglu.tools.probes import read_sum  # noqa: PLC0415
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    read_bw, _ = bandwidth()
+    print(f"read bandwidth {read_bw:.1f} GB/s (best probe, at the start); backend {args.backend}")
+    big, results = None, []
+    for shape in args.shape:
+        hidden, inter, e, k, default_tokens = SHAPES[shape]
+        tokens = args.tokens or default_tokens
+        nets = {d: _blocks(shape, d, args.backend) for d in args.dtype}
+        print(f"\n{shape}: H={hidden} I={inter} E={e} k={k}; dense = PackedSwiGLUMLP(H, k*I={k * inter})")
+        head = (f"{'T':>5} {'dtype':>9} | {'moe ms':>15} {'dense ms':>15} | {'moe/dense':>9} {'(min)':>6} | "
+                f"{'floor ms':>8} {'moe GB/s':>8} {'of read':>7}")
+        print(head + "\n" + "-" * len(head))
+        for n in tokens:
+            x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
+            calls = {}
+            for d, (moe, dense) in nets.items():
+                x = ms.Tensor(x32).astype(getattr(ms, d))
+                calls[f"moe/{d}"] = lambda moe=moe, x=x: moe(x).asnumpy()
+                calls[f"dense/{d}"] = lambda dense=dense, x=x: dense(x).asnumpy()
+            if n == 1:
+                big = np.ones(READ_PROBE_FLOATS, np.float32) if big is None else big
+                calls["read"] = lambda: read_sum(big)
+            st = interleave(calls, args.rounds)
+            read = {"median": 4 * READ_PROBE_FLOATS / st["read"]["median_s"] / 1e9,
+                    "best": 4 * READ_PROBE_FLOATS / st["read"]["min_s"] / 1e9} if n == 1 else None
+            for d in args.dtype:
+                s = SIZE[d]
+                moe_st, dense_st = st[f"moe/{d}"], st[f"dense/{d}"]
+                active = min(e, n * k)  # experts a call can touch at most
+                weight_bytes = 3 * hidden * inter * s * active + e * hidden * s  # + the router
+                cell = {"shape": shape, "dtype": d, "tokens": n, "hidden": hidden, "inter": inter, "experts": e,
+                        "top_k": k, "moe": moe_st, "dense": dense_st,
+                        "moe_over_dense": moe_st["median_s"] / dense_st["median_s"],
+                        "moe_over_dense_min": moe_st["min_s"] / dense_st["min_s"],
+                        "expected_active_experts": e * (1 - (1 - k / e) ** n),
+                        "all_experts_read_floor_ms": 3 * hidden * inter * s * e / (read_bw * 1e9) * 1e3,
+                        "read_gbps_in_rounds": read}
+                if n == 1:
+                    cell["weight_gbps"] = weight_bytes / moe_st["median_s"] / 1e9
+                    cell["fraction_of_read"] = cell["weight_gbps"] / read["median"]
+                results.append(cell)
+                of_read = f"{cell['fraction_of_read']:7.0%}" if n == 1 else f"{'-':>7}"
+                gbps = f"{cell['weight_gbps']:8.1f}" if n == 1 else f"{'-':>8}"
+                floor = cell["all_experts_read_floor_ms"] if n * k >= e else weight_bytes / (read_bw * 1e9) * 1e3
+                print(f"{n:5d} {d:>9} | {moe_st['min_s'] * 1e3:6.1f}/{moe_st['median_s'] * 1e3:8.1f} "
+                      f"{dense_st['min_s'] * 1e3:6.1f}/{dense_st['median_s'] * 1e3:8.1f} | "
+                      f"{cell['moe_over_dense']:9.2f} {cell['moe_over_dense_min']:6.2f} | {floor:8.1f} {gbps} {of_read}",
+                      flush=True)
+        del nets
+        for d in args.dtype:
+            if args.no_probes:
+                continue
+            build = {ex: _probe("build", shape, d, args.backend, ex) for ex in sorted({8, e})}
+            mem = {n: _probe("memory", shape, d, args.backend, n) for n in (max(tokens),)}
+            n = max(tokens)
+            act = n * k * (hidden + inter) * SIZE[d]
+            weights = 3 * e * hidden * inter * SIZE[d]
+            results.append({"shape": shape, "dtype": d, "build_and_first_call_s": build,
+                            "peak_added_bytes": mem, "activation_bytes_tk_h_plus_i": act, "stacked_weight_bytes": weights})
+            builds = ", ".join(f"E={ex}: {s:.1f} s" for ex, s in build.items())
+            print(f"{shape} {d}: build + first call {builds}; one call at T={n} adds {mem[n] / 2**20:.1f} MiB "
+                  f"(T*k*(H+I) = {act / 2**20:.1f} MiB; the stacked weights are {weights / 2**20:.0f} MiB)", flush=True)
+        progress("bench_moe", args.shape.index(shape) + 1, len(args.shape), "shapes")
+    print("times: min/median ms; ratios at the median (and at the min); floor: the weight bytes a call must read "
+          "(all experts once when T*k >= E) at the read bandwidth")
+    return {"read_gbps": read_bw, "backend": args.backend, "results": results}
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--probe":
+        kind, shape, dtype, backend, arg = argv[1:]
+        print(probe(kind, shape, dtype, backend, int(arg)))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    parser.add_argument("--experts", type=int, default=8)
-    parser.add_argument("--top-k", type=int, default=2)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[16, 128, 512])
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--shape", nargs="+", default=["qwen3-30b-a3b"], choices=sorted(SHAPES))
+    parser.add_argument("--tokens", nargs="+", type=int, help="default: the shape's own list")
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=sorted(SIZE))
+    parser.add_argument("--backend", default="cpu")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--no-probes", action="store_true", help="skip the build and memory probes")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    hidden, inter = preset(args.preset)
-    e, k = args.experts, args.top_k
-    moe = PackedMoE(hidden, inter, e, k, backend="cpu")
-    dense_all = DenseAllExperts(moe)
-    mlp = PackedSwiGLUMLP(hidden, inter, backend="cpu")
-    mlp.gate_up_proj.weight.set_data(moe.experts[0].gate_up_proj.weight.value())
-    mlp.down_proj.weight.set_data(moe.experts[0].down_proj.weight.value())
-    for net in (moe, dense_all, mlp):
-        net.set_inputs(ms.Tensor(shape=[None, hidden], dtype=ms.float32))
-    print(f"{args.preset}: H={hidden} I={inter}, E={e}, top-k={k}, float32, {args.rounds} interleaved rounds")
-    head = (f"{'T':>5} | {'moe ms':>15} {'dense-all ms':>15} {'mlp ms':>15} | {'moe GFLOP':>9} {'all GFLOP':>9} | "
-            f"{'moe/(k*mlp)':>11} {'all/moe':>7} {'goal <=1.5':>10}")
-    print(head + "\n" + "-" * len(head))
-    results = []
-    for tokens in args.tokens:
-        x = ms.Tensor(np.random.default_rng(tokens).standard_normal((tokens, hidden)).astype(np.float32))
-        np.testing.assert_allclose(moe(x).asnumpy(), dense_all(x).asnumpy(), rtol=1e-4, atol=1e-4)
-        stats = interleave({"moe": lambda: moe(x), "dense-all": lambda: dense_all(x), "mlp": lambda: mlp(x)},
-                           args.rounds)
-        router = 2 * hidden * e * tokens
-        flops = {"moe": 6 * hidden * inter * tokens * k + router, "dense-all": 6 * hidden * inter * tokens * e + router,
-                 "mlp": 6 * hidden * inter * tokens}
-        ratio = stats["moe"]["median_s"] / (k * stats["mlp"]["median_s"])
-        ratio_min = stats["moe"]["min_s"] / (k * stats["mlp"]["min_s"])
-        results.append({"tokens": tokens, "stats": stats, "flops": flops, "moe_over_k_mlp_median": ratio,
-                        "moe_over_k_mlp_min": ratio_min,
-                        "dense_all_over_moe": stats["dense-all"]["median_s"] / stats["moe"]["median_s"]})
-
-        def ms_(name):
-            return f"{stats[name]['min_s'] * 1e3:6.1f}/{stats[name]['median_s'] * 1e3:7.1f}"
-
-        print(f"{tokens:5d} | {ms_('moe'):>15} {ms_('dense-all'):>15} {ms_('mlp'):>15} | "
-              f"{flops['moe'] / 1e9:9.2f} {flops['dense-all'] / 1e9:9.2f} | {ratio:11.2f} "
-              f"{results[-1]['dense_all_over_moe']:7.2f} {'met' if ratio <= 1.5 else 'MISSED':>10}", flush=True)
-    print("times: min/median ms; ratios at the median")
+    data = run(args)
+    data["args"] = vars(args)
     if args.json:
-        write_json(args.json, {"preset": args.preset, "experts": e, "top_k": k, "results": results})
+        write_json(args.json, data)
     return 0
 
 

@@ -4,7 +4,7 @@ from mindspore import ops
 from mindspore.common import dtype as mstype
 from mindspore.ops import kernel
 
-from ms_swiglu.backends.matmul import MatMulLinear, materialised_bytes
+from ms_swiglu.backends.matmul import DenseExperts, MatMulLinear, materialised_bytes
 from ms_swiglu.backends.spec import Backend, SwiGLUOp
 
 
@@ -67,6 +67,8 @@ BACKEND = Backend(
     summary="MindSpore's MatMul, then a hybrid-DSL SwiGLU kernel compiled by AKG (static shapes)",
     swiglu=_op,
     linear=lambda dtype, swiglu: MatMulLinear(BACKEND, dtype, swiglu),
+    experts=lambda dtype: DenseExperts(BACKEND, dtype),
+    experts_in_out=False,
     device="CPU",
     recomputable=False,
     upcasts_on_cpu=True,

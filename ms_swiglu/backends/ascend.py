@@ -1,14 +1,22 @@
 """The ascend backend: MindSpore's MatMul in the model dtype, then the builtin ``Swiglu`` (aclnnSwiGlu), for
 Atlas A2/A3. Not run on hardware here: no NPU on the machine this package is tested on. Graphs with it compile and
 export to MindIR on the CPU; the exporter checks their op types against :data:`ASCEND_OPS`."""
-from mindspore import ops
+import mindspore as ms
+from mindspore import nn, ops
+from mindspore.ops.auto_generate import GroupedMatmulV4, MoeInitRoutingV2, MoeTokenUnpermute
 
 from ms_swiglu.backends.matmul import MatMulLinear, materialised_bytes
 from ms_swiglu.backends.spec import Backend, SwiGLUOp
 
 # Every op type an ascend-target graph of this package holds; each has an Ascend kernel. Anything else is refused.
-ASCEND_OPS = frozenset({"Add", "Cast", "Depend", "Load", "MakeTuple", "MatMul", "Mul", "ReduceMean", "Reshape",
-                        "Rsqrt", "Shape", "Swiglu", "TupleGetItem", "UpdateState"})
+ASCEND_OPS = frozenset({
+    # the dense MLP and the FFN block
+    "Add", "Cast", "Depend", "Load", "MakeTuple", "MatMul", "Mul", "ReduceMean", "Reshape", "Rsqrt", "Shape",
+    "Swiglu", "TupleGetItem", "UpdateState",
+    # the MoE block: the routers (softmax / sigmoid group top-k) and the grouped experts
+    "BroadcastTo", "Div", "ExpandDims", "GatherD", "Greater", "LogicalNot", "MaskedFill", "Muls", "OneHot",
+    "Sigmoid", "Softmax", "Sort", "StridedSlice", "SumExt", "TopK",
+    "MoeInitRoutingV2", "GroupedMatmulV4", "InnerMoeTokenUnpermute"})
 
 
 def swiglu(x):
@@ -16,11 +24,43 @@ def swiglu(x):
     return ops.swiglu(x, -1)
 
 
+class GroupedExperts(nn.Cell):
+    """The routed experts with MindSpore's MoE primitives for Atlas A2/A3 (mindformers' inference chain), not
+    run on hardware here: MoeInitRoutingV2 (dropless: the T k rows grouped by expert, stably, and each expert's
+    row count) -> GroupedMatmulV4 -> Swiglu -> GroupedMatmulV4 -> MoeTokenUnpermute (each token's k rows
+    weighted and summed). GroupedMatmulV4 computes x W_e with W_e [in, out] and has no transpose, so this
+    backend stores the stacked weights [E, H, 2I] and [E, I, H] (``experts_in_out``).
+
+    Shapes:
+        x: [T, H]    ids: [T, k] int32    weights: [T, k] float32
+        w_gate_up: [E, H, 2I] (columns [gate_e | up_e])    w_down: [E, I, H]    out: [T, H]
+    """
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.init_routing, self.gmm, self.unpermute = MoeInitRoutingV2(), GroupedMatmulV4(), MoeTokenUnpermute()
+
+    def construct(self, x, ids, weights, w_gate_up, w_down):
+        experts = ops.shape(w_gate_up)[0]
+        # dropless (drop_pad_mode 0, active_num 0): rows [T k, H] by expert; counts (flag 2) per expert
+        rows, row_idx, counts, _ = self.init_routing(x, ids, 0, 0, experts, 0, 2, False)
+        counts = counts.astype(ms.int64)  # GroupedMatmulV4's group_list; group_list_type 1: counts
+        h = self.gmm([rows], [w_gate_up], None, None, None, None, None, None, counts, split_item=3, group_type=0,
+                     group_list_type=1)[0]  # [T k, 2I]
+        h = ops.swiglu(h, -1)  # [T k, I]
+        y = self.gmm([h], [w_down], None, None, None, None, None, None, counts, split_item=3, group_type=0,
+                     group_list_type=1)[0]  # [T k, H]
+        # probs in the activation dtype: with float32 probs the op would cast [T k, H] to float32 and back
+        return self.unpermute(y, row_idx, weights.astype(y.dtype))  # [T, H]
+
+
 BACKEND = Backend(
     name="ascend",
     summary="MindSpore's MatMul, then the builtin Swiglu (Atlas A2/A3; not run on hardware here)",
     swiglu=lambda: SwiGLUOp(swiglu),
     linear=lambda dtype, swiglu: MatMulLinear(BACKEND, dtype, swiglu),
+    experts=GroupedExperts,
+    experts_in_out=True,
     device="Ascend",
     recomputable=True,
     upcasts_on_cpu=False,

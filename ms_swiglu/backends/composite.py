@@ -3,7 +3,7 @@ of every other backend, the form graph-kernel fusion recognises, and what the ``
 from mindspore import ops
 from mindspore.common import dtype as mstype
 
-from ms_swiglu.backends.matmul import MatMulLinear
+from ms_swiglu.backends.matmul import DenseExperts, MatMulLinear
 from ms_swiglu.backends.spec import Backend, SwiGLUOp
 
 
@@ -24,6 +24,8 @@ BACKEND = Backend(
     summary="MindSpore's MatMul, then split + silu + mul (the reference)",
     swiglu=lambda: SwiGLUOp(swiglu),
     linear=lambda dtype, swiglu: MatMulLinear(BACKEND, dtype, swiglu),
+    experts=lambda dtype: DenseExperts(BACKEND, dtype),
+    experts_in_out=False,
     device=None,
     recomputable=True,
     upcasts_on_cpu=True,

@@ -1,7 +1,9 @@
 """The native GEMM: MindSpore's MatMul, then the backend's SwiGLU. The composite, akg and ascend backends use it,
-and so do the unpacked baseline and the MoE router (``ms_swiglu.linear.Dense``).
+and so do the unpacked baseline and the MoE router (``ms_swiglu.linear.Dense``); and the native experts of a MoE
+block (:class:`DenseExperts`).
 
-Shape legend: T = tokens (any leading dims), K = d_in, M = d_out.
+Shape legend: T = tokens (any leading dims), K = d_in, M = d_out, H = hidden_size, I = intermediate_size,
+E = experts, k = experts per token.
 """
 import mindspore as ms
 from mindspore import nn, ops
@@ -39,6 +41,40 @@ class MatMulLinear(nn.Cell):
     def construct(self, x, w):
         y = matmul(self.mm, x, w, self.upcast)
         return y if self.act is None else self.act(y)
+
+
+_ONE, _ZERO = ms.Tensor(1.0, mstype.float32), ms.Tensor(0.0, mstype.float32)
+
+
+class DenseExperts(nn.Cell):
+    """The routed experts by their definition: every expert on every token in one BatchMatMul over E, each
+    output weighted by the token's routing weight for it (zero off its top-k) and summed in float32. Static
+    shapes and a graph that does not grow with E, in MindSpore ops that every device runs: the reference of the
+    grouped implementations (which compute only the routed rows), at E/k times their FLOPs.
+
+    Shapes:
+        x: [T, H]    ids: [T, k] int32    weights: [T, k] float32
+        w_gate_up: [E, 2I, H]    w_down: [E, H, I]    out: [T, H]
+    """
+
+    def __init__(self, backend, dtype):
+        super().__init__()
+        self.bmm, self.upcast = ops.BatchMatMul(transpose_b=True), cpu_upcast(dtype, backend)
+        self.act = backend.swiglu()
+
+    def construct(self, x, ids, weights, w_gate_up, w_down):
+        dtype, (tokens, hidden), experts = x.dtype, ops.shape(x), ops.shape(w_gate_up)[0]
+        if self.upcast:
+            x, w_gate_up, w_down = x.astype(mstype.float32), w_gate_up.astype(mstype.float32), w_down.astype(
+                mstype.float32)
+        one_hot = ops.one_hot(ids, experts, _ONE, _ZERO)  # [T, k, E]
+        dense = (one_hot * weights.expand_dims(-1)).sum(1)  # [T, E]: the routing weight of every expert
+        xe = ops.broadcast_to(x.expand_dims(0), (experts, tokens, hidden))  # [E, T, H]
+        h = self.act(self.bmm(xe, w_gate_up).astype(dtype))  # [E, T, 2I] -> [E, T, I]
+        if self.upcast:
+            h = h.astype(mstype.float32)
+        y = self.bmm(h, w_down).astype(dtype).astype(mstype.float32)  # [E, T, H]
+        return (y * dense.T.expand_dims(-1)).sum(0).astype(dtype)  # -> [T, H]
 
 
 def materialised_bytes(n, hidden, inter, itemsize):

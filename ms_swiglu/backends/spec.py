@@ -1,6 +1,7 @@
 """What the package asks of a backend: one :class:`Backend` record per backend, built by its own module.
 
-Shape legend: T = tokens (any leading dims), K = d_in, M = d_out, H = hidden_size, I = intermediate_size.
+Shape legend: T = tokens (any leading dims), K = d_in, M = d_out, H = hidden_size, I = intermediate_size,
+E = experts, k = experts per token.
 """
 import dataclasses
 from typing import Callable, Optional
@@ -18,6 +19,12 @@ class Backend:
     swiglu: Callable
     # (dtype, swiglu) -> Cell (x [T, K], w [M, K]) -> x w^T [T, M], or with swiglu its SwiGLU [T, M/2]
     linear: Callable
+    # (dtype) -> Cell (x [T, H], ids [T, k] int32, weights [T, k] float32, w_gate_up, w_down) -> [T, H]: the routed
+    # experts of a MoE block, sum_j weights[t, j] * expert_ids[t, j](x[t]), every shape static given T
+    experts: Callable
+    # how it stores the stacked expert weights: False [E, 2I, H] and [E, H, I] (out, in: HF's layout), True
+    # [E, H, 2I] and [E, I, H] (in, out); loaders convert at load, never per call
+    experts_in_out: bool
     device: Optional[str]  # the MindSpore device target it runs on ("CPU", "Ascend"); None: any
     recomputable: bool  # MindSpore's graph-mode recompute can run its SwiGLU again (FFNBlock recompute modes)
     upcasts_on_cpu: bool  # its MindSpore MatMuls take float16/bfloat16 in float32 on a CPU device

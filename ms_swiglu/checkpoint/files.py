@@ -115,13 +115,15 @@ def from_bf16_bits(bits):
     return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
 
 
-def write_safetensors(path, tensors, dtype, metadata=None):
-    """Write ``{name: array}`` as one safetensors file in ``dtype`` (a name), atomically (temp file + rename)."""
-    code = {v: k for k, v in _DTYPE_NAMES.items()}[dtype]
+def write_safetensors(path, tensors, dtype, metadata=None, float32=()):
+    """Write ``{name: array}`` as one safetensors file in ``dtype`` (a name), those named in ``float32`` in
+    float32, atomically (temp file + rename)."""
+    codes = {v: k for k, v in _DTYPE_NAMES.items()}
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
-        a = np.asarray(tensors[name])
-        raw = to_bf16_bits(a) if dtype == "bfloat16" else np.ascontiguousarray(a, _NP[code])
+        a, kind = np.asarray(tensors[name]), "float32" if name in float32 else dtype
+        code = codes[kind]
+        raw = to_bf16_bits(a) if kind == "bfloat16" else np.ascontiguousarray(a, _NP[code])
         data = raw.astype(raw.dtype.newbyteorder("<"), copy=False).tobytes()
         header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)

@@ -19,23 +19,30 @@ def load_mlp(folder, layer, *, dtype=None, backend="auto", tp_size=1, rank=0):
     return load_weights(mlp, {"gate_up_proj.weight": weights["gate_up"], "down_proj.weight": weights["down"]})
 
 
-def load_moe(folder, layer, *, dtype=None, backend="auto", renormalize=True, tp_size=1, rank=0):
-    """The :class:`~ms_swiglu.moe.PackedMoE` of one Mixtral layer (w1 -> gate, w3 -> up, packed at load)."""
+def moe_state(moe, weights):
+    """``load_moe_layer``'s arrays as the parameters of ``moe`` (a :class:`~ms_swiglu.moe.PackedMoE`), in the
+    layout its backend stores the experts in."""
+    state = {"router.weight": weights["router"], "experts.gate_up_proj": moe.experts.layout(weights["gate_up"]),
+             "experts.down_proj": moe.experts.layout(weights["down"])}
+    names = {"bias": "router.e_score_correction_bias", "shared_gate_up": "shared_expert.gate_up_proj.weight",
+             "shared_down": "shared_expert.down_proj.weight", "shared_gate": "shared_expert_gate.weight"}
+    state.update({names[k]: w for k, w in weights.items() if k in names})
+    return state
+
+
+def load_moe(folder, layer, *, dtype=None, backend="auto", tp_size=1, rank=0):
+    """The :class:`~ms_swiglu.moe.PackedMoE` of one MoE layer (experts packed [gate_e; up_e] and stacked)."""
     config = read_config(folder)
     weights, ckpt_dtype = load_moe_layer(folder, layer, config, tp_size, rank)
-    moe = PackedMoE(config.hidden_size, config.intermediate_size, config.num_local_experts,
-                    config.num_experts_per_tok, dtype=dtype or ckpt_dtype, backend=backend, renormalize=renormalize,
-                    tp_size=tp_size)
-    state = {"router.weight": weights["router"]}
-    for e in range(config.num_local_experts):
-        state[f"experts.{e}.gate_up_proj.weight"] = weights["gate_up"][e]
-        state[f"experts.{e}.down_proj.weight"] = weights["down"][e]
-    return load_weights(moe, state)
+    m = config.moe
+    moe = PackedMoE(config.hidden_size, m.intermediate_size, m.num_experts, m.top_k, dtype=dtype or ckpt_dtype,
+                    backend=backend, tp_size=tp_size, **m.block_kwargs())
+    return load_weights(moe, moe_state(moe, weights))
 
 
 def load_block(folder, layer, **kw):
-    """The FFN of one layer as it is in the checkpoint: the MoE block of a Mixtral layer, else the MLP."""
-    return (load_moe if read_config(folder).is_moe else load_mlp)(folder, layer, **kw)
+    """The FFN of one layer as the checkpoint has it: the MoE block of a sparse layer, else the MLP."""
+    return (load_moe if read_config(folder).is_moe_layer(layer) else load_mlp)(folder, layer, **kw)
 
 
 def load_ffn(folder, layer, *, dtype=None, backend="auto", recompute="none"):

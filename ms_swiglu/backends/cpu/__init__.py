@@ -4,7 +4,7 @@ The gate/up GEMM has the SwiGLU as its epilogue, so [T, 2I] never exists; the GE
 tokens and oneDNN's matmul (MindSpore's libdnnl) above, reading the weights in place in their own dtype. AVX-512,
 AVX2 or generic x86-64, chosen at run time; OpenMP threads.
 """
-from ms_swiglu.backends.cpu.ops import FusedLinear, swiglu_op
+from ms_swiglu.backends.cpu.ops import FusedLinear, GroupedExperts, swiglu_op
 from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.backends.spec import Backend
 
@@ -19,6 +19,8 @@ BACKEND = Backend(
     summary="the package's C++ kernels: SwiGLU as the gate/up GEMM's epilogue (skinny GEMM, oneDNN)",
     swiglu=swiglu_op,
     linear=FusedLinear,
+    experts=GroupedExperts,
+    experts_in_out=False,
     device="CPU",
     # Measured: MindSpore's graph-mode recompute (Cell.recompute, primitive recompute, mindspore.recompute) never
     # re-runs an aot Custom op; the MLP needs none: its forward never stores [T, 2I], its backward recomputes it.

@@ -8,27 +8,31 @@ from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.backends.spec import SwiGLUOp
 
 
-def aot_op(name, n_inputs, bprop=None):
-    """The library's function ``name`` as an aot Custom op on the CPU: ``n_inputs`` inputs and one output of one
-    dtype (float32, float16 or bfloat16); output shape and dtype come from its C++ {name}InferShape/InferType."""
+F = "float"  # an input in the op's float dtype: float32, float16 or bfloat16, like its output
+
+
+def aot_op(name, inputs, bprop=None):
+    """The library's function ``name`` as an aot Custom op on the CPU. ``inputs``: per input, ``F`` (the op's float
+    dtype, which the output has too) or a fixed MindSpore DataType; output shape and dtype come from its C++
+    {name}InferShape/InferType."""
     reg = CustomRegOp(name)
-    for i in range(n_inputs):
+    for i in range(len(inputs)):
         reg = reg.input(i, f"x{i}")
     reg = reg.output(0, "y")
     for dt in (DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default):
-        reg = reg.dtype_format(*[dt] * (n_inputs + 1))
+        reg = reg.dtype_format(*[dt if role == F else role for role in inputs], dt)
     return ops.Custom(f"{kernels.library_path()}:{name}", out_shape=None, out_dtype=None, func_type="aot",
                       bprop=bprop, reg_info=reg.target("CPU").get_op_info())
 
 
 def swiglu_op():
     """SwigluFwd with its fused C++ backward, one per Cell (so that each can be marked on its own)."""
-    bwd = aot_op("SwigluBwd", 2)
+    bwd = aot_op("SwigluBwd", (F, F))
 
     def bprop(x, out, dout):
         return (bwd(x, dout),)  # [T, 2I] = [d_gate, d_up]
 
-    return SwiGLUOp(aot_op("SwigluFwd", 1, bprop))
+    return SwiGLUOp(aot_op("SwigluFwd", (F,), bprop))
 
 
 class FusedLinear(nn.Cell):
@@ -45,7 +49,7 @@ class FusedLinear(nn.Cell):
         kernels.onednn()  # bind (and check) oneDNN now, not inside the first graph run
         f32 = mstype.float32
         mm, mm_ta, mm_tb = ops.MatMul(), ops.MatMul(transpose_a=True), ops.MatMul(transpose_b=True)
-        swiglu_bwd = aot_op("SwigluBwd", 2)
+        swiglu_bwd = aot_op("SwigluBwd", (F, F))
 
         def bprop(x, w, out, dout):
             # float32 before any reshape: the CPU has no bfloat16 Reshape
@@ -55,7 +59,27 @@ class FusedLinear(nn.Cell):
                 dy = swiglu_bwd(mm_tb(x2, w2), dy)  # [T, 2I]: d_gate, d_up
             return mm(dy, w2).reshape(ops.shape(x)).astype(x.dtype), mm_ta(dy, x2).astype(w.dtype)
 
-        self.op = aot_op("GateUpSwiglu" if swiglu else "Linear", 2, bprop)
+        self.op = aot_op("GateUpSwiglu" if swiglu else "Linear", (F, F), bprop)
 
     def construct(self, x, w):
         return self.op(x, w)
+
+
+class GroupedExperts(nn.Cell):
+    """The routed experts of a MoE block in two C++ calls over the stacked weights, read in place: the rows
+    grouped by expert, each expert's gate/up GEMM with the SwiGLU as its epilogue, then each expert's down GEMM
+    and the weighted sum of every token's k rows in float32. Inference only (no backward).
+
+    Shapes:
+        x: [T, H]    ids: [T, k] int32    weights: [T, k] float32
+        w_gate_up: [E, 2I, H] (each [gate_e; up_e])    w_down: [E, H, I]    out: [T, H]
+    """
+
+    def __init__(self, dtype):
+        super().__init__()
+        kernels.onednn()
+        self.gate_up = aot_op("MoeGateUpSwiglu", (F, DataType.I32_Default, F))  # -> [T k, I], grouped rows
+        self.down = aot_op("MoeDownCombine", (F, DataType.I32_Default, DataType.F32_Default, F))
+
+    def construct(self, x, ids, weights, w_gate_up, w_down):
+        return self.down(self.gate_up(x, ids, w_gate_up), ids, weights, w_down)

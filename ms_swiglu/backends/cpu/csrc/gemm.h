@@ -12,15 +12,19 @@ namespace msw {
 enum Path { kSkinny, kOnednn, kSwapped, kPaths };
 extern const char *const kPathNames[kPaths];
 
-Path path(int d, int64_t n);        // the path n tokens of dtype d take (kSkinny when oneDNN cannot run them)
+Path path(int d, int64_t n, bool expert = false);  // the path n tokens of dtype d take (kSkinny when oneDNN cannot)
 int force_path(int p);              // every call takes path p (-1: the automatic choice); returns the previous
 std::string tuning_json();          // the tuning table, for the Python side and the benchmarks
 
-// One call: x [n, k] in dtype d, on the path chosen for n.
+// One call: x [n, k] and the weights in dtype d, on the path chosen for n; the output in dtype yd (d, or float32
+// for a caller that sums outputs further). `expert`: one expert's GEMM of a MoE block, which takes the experts'
+// row of the tuning table.
 struct Linear {
   int d;
   const void *x;
   int64_t n, k;
+  int yd = -1;  // -1: d
+  bool expert = false;
 };
 
 bool linear(const Linear &op, const void *w, int64_t m, void *y);               // y [n, m] = x w^T

@@ -87,7 +87,10 @@ std::string try_bind(const char *path) {
   const char *env = std::getenv("MS_SWIGLU_ONEDNN");
   if (env && *env) path = env;
   const bool named = path && *path;
-  void *h = named ? dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND) : dlopen("libdnnl.so.3", RTLD_NOW | RTLD_NOLOAD);
+  // A copy already loaded (MindSpore's) is used as it is; another one is loaded with its own symbols first, so
+  // that its calls into itself never reach the copy MindSpore loaded.
+  void *h = named ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : dlopen("libdnnl.so.3", RTLD_NOW | RTLD_NOLOAD);
+  if (!h && named) h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
   if (!h) return named ? std::string("unavailable: cannot load ") + path + ": " + dlerror()
                        : "unavailable: no libdnnl.so.3 is loaded in this process";
   const std::string where = library_path(h, named ? path : "libdnnl.so.3");

@@ -4,6 +4,9 @@
 //   SwigluBwd     x [..., 2I], dy [..., I]             ->  dx [..., 2I] = [d_gate, d_up]
 //   Linear        x [..., K], w [M, K]                 ->  y  [..., M] = x w^T
 //   GateUpSwiglu  x [..., K], w [2I, K] = [gate; up]   ->  y  [..., I] = silu(x w_gate^T) * (x w_up^T)
+//   MoeGateUpSwiglu  x [T, H], ids [T, k] int32, w [E, 2I, H]        ->  h [T k, I], rows grouped by expert
+//   MoeDownCombine   h [T k, I], ids [T, k], weights [T, k] float32, w [E, H, I]  ->  y [T, H]
+//                    y[t] = sum_j weights[t, j] * (h[row of (t, j)] w_down,e^T), summed in float32
 //
 // float32 / float16 / bfloat16 in and out (one dtype per call), float32 inside, rounded once. Each op has its
 // C++ {name}InferShape / {name}InferType, which dynamic shapes and MindIR reloading need.
@@ -13,12 +16,13 @@
 
 #include "common.h"
 #include "gemm.h"
+#include "moe.h"
 #include "onednn.h"
 
 namespace {
 
 // Launch counters by op name: what a compiled graph really runs (a diagnostic, read by the tests).
-const char *const kOps[] = {"SwigluFwd", "SwigluBwd", "Linear", "GateUpSwiglu"};
+const char *const kOps[] = {"SwigluFwd", "SwigluBwd", "Linear", "GateUpSwiglu", "MoeGateUpSwiglu", "MoeDownCombine"};
 constexpr int kNumOps = sizeof kOps / sizeof kOps[0];
 std::atomic<int64_t> g_launches[kNumOps];
 
@@ -162,5 +166,52 @@ std::vector<int64_t> GateUpSwigluInferShape(int *ndims, int64_t **shapes, AotExt
   return linear_out_shape(ndims, shapes, true);
 }
 TypeId GateUpSwigluInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
+
+// The experts' ops: 2-D x / h, [T, k] int32 ids, stacked 3-D weights of the float dtype (weights float32).
+int MoeGateUpSwiglu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  ++g_launches[op_index("MoeGateUpSwiglu")];
+  if (nparam != 4) return 1;
+  const int d = msw::dtype_index(dtypes[0]);
+  if (d < 0 || std::string(dtypes[1]) != "int32" || std::string(dtypes[2]) != dtypes[0] ||
+      std::string(dtypes[3]) != dtypes[0])
+    return 2;
+  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 3 || shapes[1][0] != shapes[0][0] ||
+      shapes[2][2] != shapes[0][1] || shapes[2][1] % 2)
+    return 3;
+  const int64_t tokens = shapes[0][0], k = shapes[1][1], experts = shapes[2][0], inter = shapes[2][1] / 2;
+  if (tokens * k * inter == 0) return 0;
+  return msw::moe_gate_up_swiglu(d, params[0], static_cast<const int32_t *>(params[1]), tokens, k, params[2],
+                                 experts, shapes[0][1], inter, params[3]) ? 0 : 4;
+}
+std::vector<int64_t> MoeGateUpSwigluInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+  const int64_t rows = shapes[1][0] < 0 || shapes[1][1] < 0 ? -1 : shapes[1][0] * shapes[1][1];
+  return {rows, shapes[2][1] < 0 ? -1 : shapes[2][1] / 2};
+}
+TypeId MoeGateUpSwigluInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
+
+int MoeDownCombine(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  ++g_launches[op_index("MoeDownCombine")];
+  if (nparam != 5) return 1;
+  const int d = msw::dtype_index(dtypes[0]);
+  if (d < 0 || std::string(dtypes[1]) != "int32" || msw::dtype_index(dtypes[2]) != msw::kF32 ||
+      std::string(dtypes[3]) != dtypes[0] || std::string(dtypes[4]) != dtypes[0])
+    return 2;
+  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 3 || shapes[2][0] != shapes[1][0] ||
+      shapes[2][1] != shapes[1][1] || shapes[0][0] != shapes[1][0] * shapes[1][1] || shapes[3][2] != shapes[0][1])
+    return 3;
+  const int64_t tokens = shapes[1][0], k = shapes[1][1], hidden = shapes[3][1];
+  if (tokens * hidden == 0) return 0;
+  if (k * shapes[0][1] == 0) {
+    std::memset(params[4], 0, tokens * hidden * msw::dtype_size(d));
+    return 0;
+  }
+  return msw::moe_down_combine(d, params[0], static_cast<const int32_t *>(params[1]),
+                               static_cast<const float *>(params[2]), tokens, k, params[3], shapes[3][0], hidden,
+                               shapes[0][1], params[4]) ? 0 : 4;
+}
+std::vector<int64_t> MoeDownCombineInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+  return {shapes[1][0], shapes[3][1]};
+}
+TypeId MoeDownCombineInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
 
 }  // extern "C"

@@ -1,13 +1,18 @@
 """The Ascend deployment kit written beside an exported MindIR. NOT run on hardware here: no converter_lite,
 ATC or NPU on the machine this package is tested on; the files are checked as text against the documented keys
-(MindSpore Lite "Ascend Conversion Tool Description" and "converter_tool"; CANN ATC parameter pages).
+(MindSpore Lite "Ascend Conversion Tool Description" and "converter_tool"; CANN ATC parameter pages), and the
+scripts are run against stub tools (npu-smi tables of each chip family, converter_lite, atc).
 
     converter_lite.cfg   [ascend_context] precision and format; [acl_build_options] ND input with -1 dims and
-                         ge.dynamicDims gears (the documented form of dynamic dimensions on Ascend)
+                         ge.dynamicDims gears (the documented form of dynamic dimensions on Ascend). The first
+                         path: converter_lite reads the SoC from the device itself (acl_model_options.cc)
     convert_om.sh        converter_lite --fmk=MINDIR --optimize=ascend_oriented: writes <name>_ascend.mindir,
-                         which holds the compiled Ascend (OM) graph; converter_lite has no OM save type
-    export_air.sh        on an Ascend host: AIR export (MindSpore on Ascend) + ATC (.air -> .om, --framework=1).
-                         AIR models take no dynamic shape profiles in ATC, so this path is static-shape only
+                         which holds the compiled Ascend (OM) graph; converter_lite has no OM save type. It checks
+                         that the host's chip family is the one exported for
+    export_air.sh        the deprecated second path ("AIR format is deprecated, and will be removed in a future
+                         version ... use MindSpore Lite", mindspore.export, 2.10): on an Ascend host, AIR export
+                         (MindSpore on Ascend) + ATC (.air -> .om, --framework=1, --soc_version from npu-smi). AIR
+                         models take no dynamic shape profiles in ATC, so this path is static-shape only
 """
 import os
 import shlex
@@ -21,21 +26,46 @@ GEARS = [(1, 1), (4, 1), (8, 1), (1, 16), (1, 128), (1, 512), (1, 2048), (4, 512
 PRECISION_MODE = "enforce_origin"
 ATC_PRECISION_MODE = "must_keep_origin_dtype"  # ATC's default force_fp16 casts bfloat16 and float32 down
 AIR_DEFAULT_SHAPE = (1, 128)  # (batch, seq) of the AIR when the MindIR is dynamic: ATC cannot keep -1 dims
-# `npu-smi info`: the first row of each device block is "| <npu id>  <name, e.g. 910B3>  | <health> ...";
-# --soc_version is "Ascend" + name.
-SOC_FROM_NPU_SMI = r"""npu-smi info 2>/dev/null | awk '$3 ~ /^910B/ {print "Ascend" $3; exit}'"""
+# The host's SoC and chip family in bash, by the CANN rule for --soc_version: "Ascend" + the Name column of
+# `npu-smi info` ("| <npu id>  <Name>  | <health> ..."; 910B3, 310P3, 910ProB, 310B1), except on Atlas A3, whose
+# Name is "Ascend910" for every SoC: there `npu-smi info -t board` gives Chip Name + "_" + NPU Name.
+HOST_SOC = r"""host_soc() {
+  local name chip npu
+  name=$(npu-smi info 2>/dev/null | awk '$1 == "|" && $2 ~ /^[0-9]+$/ && $3 ~ /^(Ascend)?[0-9]/ {print $3; exit}')
+  case "$name" in
+    "") ;;
+    Ascend910)
+      chip=$(npu-smi info -t board -i 0 -c 0 2>/dev/null | awk -F: '/Chip Name/ {gsub(/[ \t]/, "", $2); print $2; exit}')
+      npu=$(npu-smi info -t board -i 0 -c 0 2>/dev/null | awk -F: '/NPU Name/ {gsub(/[ \t]/, "", $2); print $2; exit}')
+      if [ -n "$chip" ] && [ -n "$npu" ]; then echo "${chip}_${npu}"; fi ;;
+    *) echo "Ascend$name" ;;
+  esac
+}
+chip_family() {
+  case "$1" in
+    Ascend910B[1-4]*) echo atlas-a2 ;;
+    Ascend910_93*) echo atlas-a3 ;;
+    Ascend310P*) echo atlas-310p ;;
+    Ascend310B*) echo atlas-310b ;;
+    Ascend910*) echo atlas-910a ;;
+    *) echo unknown ;;
+  esac
+}
+"""
 
 
 def _shape(shape):
     return ",".join(str(d) for d in shape)
 
 
-def converter_config(input_name, shape, dtype):
-    """Text of converter_lite.cfg for a [batch, seq, H] input (``shape`` with -1 for dynamic dims).
+def converter_config(input_name, shape, dtype, chip):
+    """Text of converter_lite.cfg for a [batch, seq, H] input (``shape`` with -1 for dynamic dims), for ``chip``.
 
-    A static shape goes on the command line (``--inputShape``), as the converter documents for static inputs.
+    A static shape goes on the command line (``--inputShape``), as the converter documents for static inputs. The
+    SoC is the device's own (converter_lite asks aclrtGetSocName); convert_om.sh checks its family.
     """
     lines = [f"# converter_lite config written by ms-swiglu export; model dtype {dtype}, input {input_name}",
+             f"# for {chip.name} ({chip.soc_family}; npu-smi names {chip.npu_smi_names})",
              "[ascend_context]",
              "input_format=ND",
              f"precision_mode={PRECISION_MODE}"]
@@ -82,16 +112,26 @@ set -euo pipefail
 cd "$(dirname "$0")"
 """
 
-_SOC = """SOC_VERSION="${{SOC_VERSION:-$({soc})}}"
+_SOC = """SOC_VERSION="${{SOC_VERSION:-$(host_soc)}}"
 if [ -z "$SOC_VERSION" ]; then
   echo "{script}: could not read the chip from npu-smi info; set SOC_VERSION (e.g. Ascend910B3)" >&2
   exit 2
 fi
 """
 
+_FAMILY = """HOST_SOC="$(host_soc)"
+if [ -z "$HOST_SOC" ]; then
+  echo "convert_om.sh: could not read the chip from npu-smi info; converting for {chip_name} unchecked" >&2
+elif [ "$(chip_family "$HOST_SOC")" != "{chip_key}" ]; then
+  echo "convert_om.sh: {name} was exported for {chip_name} ({chip_key}), this host is $HOST_SOC \
+($(chip_family "$HOST_SOC")): export again with --chip $(chip_family "$HOST_SOC")" >&2
+  exit 2
+fi
+"""
 
-def write_scripts(folder, name, req, converter, air_name, deployable):
-    """convert_om.sh and export_air.sh into `folder` (executable)."""
+
+def write_scripts(folder, name, req, converter, air_name, deployable, chip):
+    """convert_om.sh and export_air.sh into `folder` (executable), for ``chip``."""
     head = _HEAD.format(name=name, target=req.target)
     if not deployable:
         refuse = ('echo "{s}: {n}.mindir holds a Custom aot op bound to a host .so (--target cpu): it cannot be '
@@ -99,21 +139,26 @@ def write_scripts(folder, name, req, converter, air_name, deployable):
         convert = head + refuse.format(s="convert_om.sh", n=name)
         air = head + refuse.format(s="export_air.sh", n=name)
     else:
-        convert = head + f"""if ! command -v converter_lite >/dev/null 2>&1; then
+        family = _FAMILY.format(name=name, chip_name=chip.name, chip_key=chip.key)
+        convert = head + HOST_SOC + f"""if ! command -v converter_lite >/dev/null 2>&1; then
   echo "convert_om.sh: converter_lite not found: install MindSpore Lite for Ascend (cloud inference) and put \
 tools/converter/converter on PATH" >&2
   exit 2
 fi
-{_SOC.format(soc=SOC_FROM_NPU_SMI, script="convert_om.sh")}echo "converting {name}.mindir on $SOC_VERSION"
+{family}echo "converting {name}.mindir on ${{HOST_SOC:-an unchecked chip}} ({chip.name})"
 {converter}
 """
-        air = head + f"""# ATC takes MindSpore models only as .air (--framework=1), and AIR can be exported only by MindSpore
-# running on an Ascend device: this rebuilds the same network there, then compiles it with ATC. An AIR takes
-# no dynamic shape profiles in ATC: the AIR is exported at a static (batch, seq).
+        air = head + HOST_SOC + f"""# The second path, deprecated: MindSpore 2.10 warns "AIR format is deprecated, and will be removed in a future
+# version, please use other format or use MindSpore Lite to do offline inference" (convert_om.sh is that).
+# ATC takes MindSpore models only as .air (--framework=1), and AIR can be exported only by MindSpore running on
+# an Ascend device: this rebuilds the same network (target {req.target}) there, then compiles it with ATC. An AIR
+# takes no dynamic shape profiles in ATC: the AIR is exported at a static (batch, seq).
+echo "export_air.sh: AIR is deprecated in MindSpore 2.10; convert_om.sh (MindSpore Lite) is the first path" >&2
 for tool in ms-swiglu atc; do
   command -v "$tool" >/dev/null 2>&1 || {{ echo "export_air.sh: $tool not found (run on an Ascend host)" >&2; exit 2; }}
 done
-{_SOC.format(soc=SOC_FROM_NPU_SMI, script="export_air.sh")}ms-swiglu export {_source_args(req)} --target ascend --air --output-dir air --force
+{_SOC.format(script="export_air.sh")}ms-swiglu export {_source_args(req)} --target {req.target} --chip {chip.key} --air \
+  --output-dir air --force
 cd air
 {atc_command(air_name)}
 """

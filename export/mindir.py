@@ -1,14 +1,13 @@
 """Reading a MindIR back: the operator types it holds, without loading it into MindSpore."""
 import collections
-import re
 
 from mindspore.train import mind_ir_pb2
 
-_REF = re.compile(r"^(?:REF::)?(?P<name>[^:]+)(?::\d+)?$")
-
-
 def _nodes(path):
-    """The operator type of every node of a MindIR (main graph and sub-graphs), ``Constant`` nodes left out."""
+    """The operator type of every node of a MindIR (main graph and sub-graphs), ``Constant`` nodes left out.
+
+    MindIR names primitive nodes ``REF::<Type>:<n>``; a node that calls a sub-graph (the branch a ``Switch``
+    chose) is ``REF::<graph>:<node>:<n>`` and is reported as ``Call``."""
     model = mind_ir_pb2.ModelProto()
     with open(path, "rb") as f:
         data = f.read()
@@ -16,11 +15,14 @@ def _nodes(path):
         model.ParseFromString(data)
     except Exception as exc:  # protobuf raises its own DecodeError
         raise ValueError(f"{path}: expected a MindIR protobuf, got undecodable data ({exc})") from None
-    for graph in [model.graph, *model.functions]:
+    graphs = [model.graph, *model.functions]
+    names = {g.name for g in graphs}
+    for graph in graphs:
         for node in graph.node:
-            m = _REF.match(node.op_type)
-            name = m.group("name") if m else node.op_type
-            if name != "Constant":
+            name = node.op_type.removeprefix("REF::").split(":")[0]
+            if name in names:
+                yield "Call"
+            elif name != "Constant":
                 yield name
 
 
@@ -32,8 +34,7 @@ def op_counts(path):
 def op_types(path):
     """Sorted operator types of every node in a MindIR (main graph and sub-graphs), e.g. ``['MatMul', 'Swiglu']``.
 
-    MindIR names primitive nodes ``REF::<Type>:<n>``; graph-level ``Constant`` nodes are not operators and
-    are left out.
+    Graph-level ``Constant`` nodes are not operators and are left out.
     """
     return sorted(set(_nodes(path)))
 
@@ -48,3 +49,24 @@ def graph_io(path):
         return [{"name": v.name, "shape": list(v.tensor[0].dims) if v.tensor else None} for v in values]
 
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
+
+
+def parameters(path):
+    """``{name: float32 array}`` of a MindIR's weights stored inside it (float32, float16, bfloat16; names as
+    MindSpore gives them, e.g. ``<graph>:gate_up_proj.weight``), without loading it into MindSpore."""
+    import numpy as np  # noqa: PLC0415
+
+    model = mind_ir_pb2.ModelProto()
+    with open(path, "rb") as f:
+        model.ParseFromString(f.read())
+    kinds = {mind_ir_pb2.TensorProto.FLOAT: np.float32, mind_ir_pb2.TensorProto.FLOAT16: np.float16,
+             mind_ir_pb2.TensorProto.BFLOAT16: np.uint16}
+    out = {}
+    for p in model.graph.parameter:
+        if p.data_type not in kinds or not p.raw_data:
+            continue
+        a = np.frombuffer(p.raw_data, kinds[p.data_type]).reshape(list(p.dims))
+        if p.data_type == mind_ir_pb2.TensorProto.BFLOAT16:
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        out[p.name] = a.astype(np.float32)
+    return out

@@ -11,6 +11,9 @@ import tempfile
 import numpy as np
 
 from ms_swiglu.backends import NAMES as BACKENDS
+from ms_swiglu.backends.chips import BY_KEY as CHIPS, DEFAULT as _DEFAULT
+
+DEFAULT_CHIP = _DEFAULT.key
 from ms_swiglu.checkpoint import CheckpointError, load_dense_layer, load_moe_layer, read_config, write_safetensors
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
 from ms_swiglu.errors import InputError
@@ -160,7 +163,7 @@ def cmd_export(args):
         layers = _layer_range(args.layers or "0")
     req = ExportRequest(output_dir=args.output_dir, target=args.target, checkpoint=args.checkpoint,
                         preset=args.preset, seed=args.seed, layers=(layers.start, layers.stop - 1),
-                        stack=bool(args.layers), dtype=args.dtype, force=args.force, air=args.air,
+                        stack=bool(args.layers), dtype=args.dtype, force=args.force, air=args.air, chip=args.chip,
                         static_shape=_static_shape(args.static_shape) if args.static_shape else None)
     manifest = export(req)
     out = os.path.abspath(args.output_dir)
@@ -169,7 +172,8 @@ def cmd_export(args):
                "reloaded in a fresh process: " + ", ".join(f"{c['shape']} max err {c['max_abs_err']:.2e}"
                                                            for c in numerics["cases"]))
     print(f"wrote {os.path.join(out, manifest['model_file'])} (target {manifest['target']}, {manifest['dtype']}, "
-          f"input {manifest['inputs'][0]['shape']}, deployable: {'yes' if manifest['deployable'] else 'no'})")
+          f"input {manifest['inputs'][0]['shape']})")
+    print(f"deployment: {manifest['deployment']}")
     print(f"op types: {', '.join(manifest['op_types'])}")
     print(f"numerics: {checked}")
     return 0
@@ -216,7 +220,10 @@ def build_parser():
     exp.add_argument("--dtype", choices=DTYPE_NAMES, help="default: the checkpoint's (float32 for presets)")
     exp.add_argument("--static-shape", help="B,S: a fixed [B, S, H] input (default: dynamic batch and sequence)")
     exp.add_argument("--force", action="store_true", help="replace an earlier export in --output-dir")
-    exp.add_argument("--air", action="store_true", help="AIR for ATC instead of MindIR (Ascend hosts only)")
+    exp.add_argument("--air", action="store_true",
+                     help="AIR for ATC instead of MindIR (Ascend hosts only; AIR is deprecated in MindSpore 2.10)")
+    exp.add_argument("--chip", choices=list(CHIPS), default=DEFAULT_CHIP,
+                     help="the Ascend chip family the kit is for (default atlas-a2); --target ascend needs a2 or a3")
     exp.set_defaults(func=cmd_export)
 
     sub.add_parser("bench", add_help=False, help="MLP variants against the machine's ceilings (see --help)")

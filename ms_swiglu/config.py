@@ -22,14 +22,18 @@ def preset(name):
 
 
 def to_dtype(dtype):
-    """A MindSpore float dtype from a dtype or its name ('float32', 'float16', 'bfloat16')."""
+    """A MindSpore float dtype from a dtype or its name ('float32', 'float16', 'bfloat16'); ValueError for
+    bfloat16 on an Ascend chip without it."""
     import mindspore as ms  # noqa: PLC0415
+
+    from ms_swiglu.backends import chips  # noqa: PLC0415
 
     names = {name: getattr(ms, name) for name in DTYPE_NAMES}
     if isinstance(dtype, str):
         if dtype not in names:
             raise TypeError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
-        return names[dtype]
-    if dtype not in names.values():
+        dtype = names[dtype]
+    elif dtype not in names.values():
         raise TypeError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype}")
+    chips.check_dtype(str(dtype).lower(), chips.current())
     return dtype

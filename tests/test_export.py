@@ -3,6 +3,7 @@ import configparser
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,19 +127,26 @@ def test_converter_config_uses_documented_keys(exports):
         assert len(gears) <= 100 and all(len(g) == 2 and 1 <= min(g) and max(g) <= 2048 for g in gears)
 
 
-def _fake_tools(folder, npu_smi=True):
-    """converter_lite/atc stubs that record their arguments, and an npu-smi printing a 910B3 table."""
+def _fake_tools(folder, npu_smi=True, name="910B3", board=None):
+    """converter_lite/atc/ms-swiglu stubs that record their arguments, and an npu-smi printing a table whose
+    device Name is `name` (`board`: the Chip Name and NPU Name of `npu-smi info -t board`, as on Atlas A3)."""
     folder.mkdir(exist_ok=True)
     for tool in ("converter_lite", "atc"):
         (folder / tool).write_text(f'#!/bin/sh\necho "$@" > "{folder}/{tool}.args"\n')
         os.chmod(folder / tool, 0o755)
+    (folder / "ms-swiglu").write_text(f'#!/bin/sh\necho "$@" > "{folder}/ms-swiglu.args"\nmkdir -p air\n')
+    os.chmod(folder / "ms-swiglu", 0o755)
     if npu_smi:
-        (folder / "npu-smi").write_text("#!/bin/sh\ncat <<'EOF'\n"
-                                        "| npu-smi 24.1.rc2                Version: 24.1.rc2              |\n"
-                                        "| NPU     Name                  | Health          | Power(W) |\n"
-                                        "| Chip    Device                | Bus-Id          | AICore(%) |\n"
-                                        "| 0       910B3                 | OK              | 93.4      |\n"
-                                        "| 0       0                     | 0000:C1:00.0    | 0         |\nEOF\n")
+        chip, npu = board or ("", "")
+        (folder / "npu-smi").write_text(
+            '#!/bin/sh\nif [ "$2" = "-t" ]; then\n'
+            f'printf "        Chip Name                      : {chip}\\n        NPU Name                       : {npu}\\n"\n'
+            "exit 0\nfi\ncat <<'EOF'\n"
+            "| npu-smi 24.1.rc2                Version: 24.1.rc2              |\n"
+            "| NPU     Name                  | Health          | Power(W) |\n"
+            "| Chip    Device                | Bus-Id          | AICore(%) |\n"
+            f"| 0       {name:<21} | OK              | 93.4      |\n"
+            "| 0       0                     | 0000:C1:00.0    | 0         |\nEOF\n")
         os.chmod(folder / "npu-smi", 0o755)
     return folder
 
@@ -166,6 +174,7 @@ def test_export_air_script_needs_an_ascend_host(exports, tmp_path):
     assert ".air" in m["atc_command"] and "--soc_version=${SOC_VERSION}" in m["atc_command"]
     assert "--precision_mode=must_keep_origin_dtype" in m["atc_command"]
     tools = _fake_tools(tmp_path / "bin")
+    os.remove(tools / "ms-swiglu")  # the real one: it refuses AIR off an Ascend device
     env = dict(os.environ, PATH=f"{tools}:{os.path.dirname(sys.executable)}:/usr/bin:/bin")
     r = subprocess.run(["bash", d / "export_air.sh"], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 2 and "expected MindSpore running on an Ascend device" in r.stderr
@@ -319,3 +328,75 @@ def test_moe_layer_exports(moe_ckpt, tmp_path, target):
         want, _ = ref_block(x.reshape(-1, H), stored_params("qwen2_moe", stored, 1))
         np.testing.assert_allclose(np.load(tmp_path / "out" / case["output"]["npy"]), want.reshape(x.shape),
                                    atol=1e-5, rtol=1e-5)
+
+
+# `npu-smi info` Name column (and A3's board query) -> the SoC the scripts must read and its family
+HOSTS = [("910B3", None, "Ascend910B3", "atlas-a2"), ("910B4-1", None, "Ascend910B4-1", "atlas-a2"),
+         ("Ascend910", ("Ascend910", "9391"), "Ascend910_9391", "atlas-a3"),
+         ("310P3", None, "Ascend310P3", "atlas-310p"), ("910ProB", None, "Ascend910ProB", "atlas-910a"),
+         ("910B", None, "Ascend910B", "atlas-910a")]  # a bare 910B is the first-generation chip
+
+
+@pytest.mark.parametrize("name, board, soc, family", HOSTS, ids=[h[0] for h in HOSTS])
+def test_scripts_read_the_chip_of_every_family(exports, tmp_path, name, board, soc, family):
+    """convert_om.sh converts where the host is the family exported for and refuses elsewhere, naming both;
+    export_air.sh hands ATC the host's SoC (A3: Chip Name + "_" + NPU Name)."""
+    d, m, _ = exports["ascend"]  # exported for the default chip, Atlas A2
+    assert m["chip"] == {"name": "Atlas A2", "key": "atlas-a2", "soc_family": "ascend910b"}
+    tools = _fake_tools(tmp_path / "bin", name=name, board=board)
+    env = dict(os.environ, PATH=f"{tools}:/usr/bin:/bin")
+    r = subprocess.run(["bash", d / "convert_om.sh"], capture_output=True, text=True, env=env)
+    if family == "atlas-a2":
+        assert r.returncode == 0 and f"on {soc} (Atlas A2)" in r.stdout, r.stderr
+    else:
+        assert r.returncode == 2 and not (tools / "converter_lite.args").exists()
+        assert f"exported for Atlas A2 (atlas-a2), this host is {soc} ({family}): export again with --chip {family}" \
+            in r.stderr.replace("\n", " ")
+    work = tmp_path / "air_run"
+    shutil.copytree(d, work)
+    r = subprocess.run(["bash", work / "export_air.sh"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "AIR is deprecated in MindSpore 2.10" in r.stderr
+    assert f"--soc_version={soc}" in (tools / "atc.args").read_text()
+    assert "--target ascend --chip atlas-a2 --air" in (tools / "ms-swiglu.args").read_text()
+
+
+def test_chip_option_and_what_a_chip_refuses(ckpt, tmp_path):
+    r = cli("export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path / "a3", "--chip", "atlas-a3")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "a3" / "manifest.json").read_text())
+    assert m["chip"]["key"] == "atlas-a3" and "for Atlas A3" in (tmp_path / "a3" / "converter_lite.cfg").read_text()
+    assert "expected on Atlas A2/A3 with MindSpore Lite; not run on hardware here" in m["deployment"]
+    assert "deployment: expected on Atlas A2/A3" in r.stdout
+    r = cli("export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path / "p", "--chip", "atlas-310p")
+    assert r.returncode == 2 and "expected a chip with the builtin Swiglu (Atlas A2/A3), got Atlas inference" in r.stderr
+    r = cli("export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path / "q", "--chip", "atlas-910a",
+            "--target", "portable", "--dtype", "bfloat16")
+    assert r.returncode == 2 and "(it has no bfloat16), got bfloat16" in r.stderr
+    assert not (tmp_path / "p").exists() and not (tmp_path / "q").exists()
+
+
+def test_manifest_gives_a_device_tolerance_with_its_source(exports):
+    tol = exports["ascend"][1]["tolerance"]
+    assert (tol["cpu_reload"]["atol"], tol["cpu_reload"]["rtol"]) == (1e-5, 1.3e-6)
+    assert tol["device"]["mean_relative_error"] == 2 ** -13 and tol["device"]["max_relative_error"] == 10 * 2 ** -13
+    assert "ops_precision_standard" in tol["device"]["note"]
+
+
+def test_golden_outputs_put_gate_first(exports):
+    """Recomputed in NumPy from the weights stored in the exported ascend MindIR, the golden outputs match the
+    Swiglu of [gate; up] (Swish of the first half) and not of [up; gate]."""
+    from ms_swiglu.export import parameters
+
+    d, m, _ = exports["ascend"]
+    weights = parameters(str(d / m["model_file"]))
+    gate_up = next(w for n, w in weights.items() if n.endswith("gate_up_proj.weight")).astype(np.float64)
+    down = next(w for n, w in weights.items() if n.endswith("down_proj.weight")).astype(np.float64)
+    inter = gate_up.shape[0] // 2
+    for case in m["golden"]:
+        x = np.load(d / case["input"]["npy"]).astype(np.float64)
+        y = np.load(d / case["output"]["npy"]).astype(np.float64)
+        gate_first = ref_swiglu(x @ gate_up.T) @ down.T
+        up_first = ref_swiglu(np.concatenate([x @ gate_up[inter:].T, x @ gate_up[:inter].T], -1)) @ down.T
+        np.testing.assert_allclose(y, gate_first, atol=1e-5, rtol=1.3e-6)
+        assert np.abs(y - up_first).max() > 1e-2

@@ -50,8 +50,9 @@ def _blocks(shape, dtype, backend, experts=None):
 
 
 def probe(kind, shape, dtype, backend, arg):
-    """In a fresh process: ``build`` (arg = E): seconds to build the block and run its first call;
-    ``memory`` (arg = T): the peak resident bytes one call at T tokens adds (after one call at T=1)."""
+    """In a fresh process: ``build`` (arg = E): seconds to build the block (Cells, Parameters), to fill its weights
+    (the random initializer: proportional to E, as loading a checkpoint is) and to compile and run its first call,
+    comma-separated; ``memory`` (arg = T): the peak resident bytes one call at T tokens adds (after one at T=1)."""
     import mindspore as ms  # noqa: PLC0415
 
     ms.set_device("CPU")
@@ -60,8 +61,11 @@ def probe(kind, shape, dtype, backend, arg):
     if kind == "build":
         t0 = time.perf_counter()
         moe, _ = _blocks(shape, dtype, backend, experts=arg)
+        t1 = time.perf_counter()
+        moe.init_parameters_data()
+        t2 = time.perf_counter()
         moe(ms.Tensor(np.ones((1, hidden), np.float32)).astype(getattr(ms, dtype))).asnumpy()
-        return time.perf_counter() - t0
+        return f"{t1 - t0},{t2 - t1},{time.perf_counter() - t2}"
     moe, _ = _blocks(shape, dtype, backend)
     moe(ms.Tensor(np.ones((1, hidden), np.float32)).astype(getattr(ms, dtype))).asnumpy()
     x = ms.Tensor(np.random.default_rng(0).standard_normal((arg, hidden)).astype(np.float32)).astype(getattr(ms, dtype))
@@ -71,8 +75,9 @@ def probe(kind, shape, dtype, backend, arg):
 
 
 def _probe(kind, shape, dtype, backend, arg):
-    return float(probe_process("ms_swiglu.tools.bench_moe", [kind, shape, dtype, backend, arg],
-                               f"{kind} probe {shape} {dtype}", timeout=3600))
+    out = probe_process("ms_swiglu.tools.bench_moe", [kind, shape, dtype, backend, arg], f"{kind} probe {shape} {dtype}",
+                        timeout=3600)
+    return [float(v) for v in out.split(",")] if kind == "build" else float(out)
 
 
 def run(args):
@@ -141,8 +146,9 @@ def run(args):
             weights = 3 * e * hidden * inter * SIZE[d]
             results.append({"shape": shape, "dtype": d, "build_and_first_call_s": build,
                             "peak_added_bytes": mem, "activation_bytes_tk_h_plus_i": act, "stacked_weight_bytes": weights})
-            builds = ", ".join(f"E={ex}: {s:.1f} s" for ex, s in build.items())
-            print(f"{shape} {d}: build + first call {builds}; one call at T={n} adds {mem[n] / 2**20:.1f} MiB "
+            builds = ", ".join(f"E={ex}: build {b:.1f} s + weights {w:.1f} s + compile and first call {c:.1f} s"
+                               for ex, (b, w, c) in build.items())
+            print(f"{shape} {d}: {builds}; one call at T={n} adds {mem[n] / 2**20:.1f} MiB "
                   f"(T*k*(H+I) = {act / 2**20:.1f} MiB; the stacked weights are {weights / 2**20:.0f} MiB)", flush=True)
         progress("bench_moe", args.shape.index(shape) + 1, len(args.shape), "shapes")
     print("times: min/median ms; ratios at the median (and at the min); floor: the weight bytes a call must read "

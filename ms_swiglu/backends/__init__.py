@@ -26,12 +26,13 @@ def get(name):
 def resolve(backend="auto"):
     """The backend object for a name, ``"auto"`` or a backend object (returned as it is).
 
-    ``auto``: ``ascend`` when MindSpore's device target is Ascend, else ``cpu``.
+    ``auto``: ``cpu`` off Ascend; on Ascend ``ascend`` where the chip has the builtin Swiglu (Atlas A2/A3), else
+    ``composite`` (``ms_swiglu.backends.chips``).
     """
     if not isinstance(backend, str):
         return backend
     if backend == "auto":
-        import mindspore as ms  # noqa: PLC0415
+        from ms_swiglu.backends import chips  # noqa: PLC0415
 
-        return get("ascend" if ms.get_context("device_target") == "Ascend" else "cpu")
+        return get(chips.auto_backend(chips.current()))
     return get(backend)

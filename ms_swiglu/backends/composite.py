@@ -30,7 +30,7 @@ BACKEND = Backend(
     recomputable=True,
     upcasts_on_cpu=True,
     dynamic_shapes=True,
-    deployable="wherever MindSpore or MindSpore Lite runs",
+    deployable="expected wherever MindSpore or MindSpore Lite runs (on Ascend: not run on hardware here)",
     graph_ops=frozenset(),
     activation_bytes=_activation_bytes,
 )

@@ -11,13 +11,14 @@ Every export is verified before it is moved into place: the MindIR is read back 
 golden inputs at two token counts. Files are built in a temporary folder and renamed into the output
 folder; existing artifacts are kept unless ``force``; other files in the folder are never touched.
 """
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
 import numpy as np
@@ -26,6 +27,8 @@ from ms_swiglu import backends
 from ms_swiglu.backends import chips
 from ms_swiglu.checkpoint import read_config, to_bf16_bits
 from ms_swiglu.config import TOLERANCE as TOL, preset as preset_shape
+from ms_swiglu.errors import InputError
+from ms_swiglu.processes import alive, python
 from ms_swiglu.export.kit import AIR_DEFAULT_SHAPE, atc_command, converter_command, converter_config, write_scripts
 from ms_swiglu.export.mindir import graph_io, op_types
 
@@ -38,8 +41,12 @@ WORK_PREFIX = ".ms_swiglu-export-"
 ARTIFACTS = ("manifest.json", "converter_lite.cfg", "convert_om.sh", "export_air.sh", "golden")
 
 
-class ExportError(ValueError):
-    """An export that cannot be made or does not verify; nothing is left behind."""
+class ExportError(InputError):
+    """An export that cannot be made as asked (bad input); nothing is left behind."""
+
+
+class VerificationError(RuntimeError):
+    """An export that does not verify (a bug, not bad input); nothing is left behind."""
 
 
 @dataclasses.dataclass
@@ -144,21 +151,22 @@ def _check_ops(found, target):
 
 def _verify_in_fresh_process(mindir, golden, dtype):
     """Load the MindIR with mindspore.load + nn.GraphCell in a new interpreter and run the golden inputs."""
-    cmd = [sys.executable, "-m", "ms_swiglu.export.verify", mindir, golden, dtype]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(python("ms_swiglu.export.verify", mindir, golden, dtype), capture_output=True, text=True,
+                          timeout=1800)
     try:
         result = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ExportError(f"export: expected the reloaded MindIR to run, got exit {proc.returncode}: {tail}") from None
+        raise VerificationError(f"export: expected the reloaded MindIR to run, got exit {proc.returncode}: {tail}") from None
     if not result["ok"]:
-        raise ExportError(f"export: expected the reloaded MindIR to match the Cell within {TOL[dtype]}, "
+        raise VerificationError(f"export: expected the reloaded MindIR to match the Cell within {TOL[dtype]}, "
                           f"got {result['cases']}")
     return result
 
 
 def _prepare_output(req, names):
-    """Check the output folder and clobbering before any work; returns the folder (absolute)."""
+    """Check the output folder and clobbering before any work; returns the folder (absolute). An artifact's name
+    taken by something else than that artifact (a file named ``golden``) is refused even with --force."""
     out = os.path.abspath(req.output_dir)
     parent = out if os.path.isdir(out) else os.path.dirname(out)
     if os.path.exists(out) and not os.path.isdir(out):
@@ -169,11 +177,47 @@ def _prepare_output(req, names):
         tempfile.TemporaryFile(dir=parent).close()
     except OSError as exc:
         raise ExportError(f"--output-dir: expected a writable folder, got {parent} ({exc.strerror})") from None
-    existing = [n for n in names if os.path.exists(os.path.join(out, n))]
+    for n in names:
+        path = os.path.join(out, n)
+        if os.path.lexists(path) and (os.path.isdir(path) and not os.path.islink(path)) != (n == "golden"):
+            raise ExportError(f"--output-dir: expected {path} to be an earlier export's "
+                              f"{'folder' if n == 'golden' else 'file'}, got something else; move it away")
+    existing = [n for n in names if os.path.lexists(os.path.join(out, n))]
     if existing and not req.force:
         raise ExportError(f"--output-dir: expected no earlier export in {out}, found {', '.join(existing)} "
                           f"(use --force to replace them)")
     return out
+
+
+LOCK = ".ms_swiglu-export-lock"  # flock-ed while an export writes; removed after it
+
+
+@contextlib.contextmanager
+def _locked(out):
+    """Hold the export lock of folder ``out`` (created if missing, and removed again if the export fails and
+    leaves it empty): a second export to the same folder fails at once instead of racing this one."""
+    created = not os.path.isdir(out)
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, LOCK)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ExportError(f"--output-dir: expected no other export writing to {out}, found one (its lock "
+                              f"{path} is held)") from None
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:  # the holder before us removed it as we opened it
+            raise ExportError(f"--output-dir: expected no other export writing to {out}, found one finishing")
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            os.remove(path)
+            if created and not ok and not os.listdir(out):
+                os.rmdir(out)
+    finally:
+        os.close(fd)
 
 
 def export(req):
@@ -212,97 +256,98 @@ def export(req):
     runs_here = backend.runs_on(device)
     ref = net if runs_here else _build(req, "composite")[0]  # e.g. Swiglu has no CPU kernel
 
-    ms_dtype = getattr(ms, req.dtype)
-    shape = list(req.static_shape or (-1, -1)) + [hidden]
-    work_parent = out if os.path.isdir(out) else os.path.dirname(out)
-    _remove_stale_work(work_parent)
-    work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=work_parent)
-    try:
-        net.set_inputs(ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype))
-        ms.export(net, ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype),
-                  file_name=os.path.join(work, name), file_format=fmt)
-        found = op_types(os.path.join(work, model_file)) if fmt == "MINDIR" else []
-        if fmt == "MINDIR":
-            _check_ops(found, req.target)
-        io = graph_io(os.path.join(work, model_file)) if fmt == "MINDIR" else {"inputs": [], "outputs": []}
+    with _locked(out):
+        _prepare_output(req, (model_file,) + ARTIFACTS)  # again, under the lock: another export may have ended
+        ms_dtype = getattr(ms, req.dtype)
+        shape = list(req.static_shape or (-1, -1)) + [hidden]
+        _remove_stale_work(out)
+        work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=out)
+        try:
+            net.set_inputs(ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype))
+            ms.export(net, ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype),
+                      file_name=os.path.join(work, name), file_format=fmt)
+            found = op_types(os.path.join(work, model_file)) if fmt == "MINDIR" else []
+            if fmt == "MINDIR":
+                _check_ops(found, req.target)
+            io = graph_io(os.path.join(work, model_file)) if fmt == "MINDIR" else {"inputs": [], "outputs": []}
 
-        golden_dir = os.path.join(work, "golden")
-        os.mkdir(golden_dir)
-        golden = []
-        for case, (b, s, _) in enumerate(_golden_shapes(req)):
-            rng = np.random.default_rng(req.seed * 1000 + case)
-            x = ms.Tensor(rng.standard_normal((b, s, hidden)).astype(np.float32)).astype(ms_dtype)
-            y = ref(x)
-            entry = {"case": case, "tokens": b * s, "shape": [b, s, hidden]}
-            for role, t in (("input", x), ("output", y)):
-                values, raw = _raw(t, req.dtype)
-                stem = os.path.join(golden_dir, f"{role}_{case}_t{b * s}")
-                np.save(stem + ".npy", values)
-                with open(stem + ".bin", "wb") as f:
-                    f.write(raw)
-                entry[role] = {"npy": os.path.relpath(stem + ".npy", work), "bin": os.path.relpath(stem + ".bin", work),
-                               "bin_dtype": req.dtype, "npy_dtype": "float32 (exact values)"}
-            golden.append(entry)
+            golden_dir = os.path.join(work, "golden")
+            os.mkdir(golden_dir)
+            golden = []
+            for case, (b, s, _) in enumerate(_golden_shapes(req)):
+                rng = np.random.default_rng(req.seed * 1000 + case)
+                x = ms.Tensor(rng.standard_normal((b, s, hidden)).astype(np.float32)).astype(ms_dtype)
+                y = ref(x)
+                entry = {"case": case, "tokens": b * s, "shape": [b, s, hidden]}
+                for role, t in (("input", x), ("output", y)):
+                    values, raw = _raw(t, req.dtype)
+                    stem = os.path.join(golden_dir, f"{role}_{case}_t{b * s}")
+                    np.save(stem + ".npy", values)
+                    with open(stem + ".bin", "wb") as f:
+                        f.write(raw)
+                    entry[role] = {"npy": os.path.relpath(stem + ".npy", work), "bin": os.path.relpath(stem + ".bin", work),
+                                   "bin_dtype": req.dtype, "npy_dtype": "float32 (exact values)"}
+                golden.append(entry)
 
-        atol, rtol = TOL[req.dtype]
-        device_t = DEVICE_T[req.dtype]
-        if not runs_here:
-            numerics = {"ok": None, "not_run": f"the {backend.name} backend has no {device} kernel: run the golden "
-                                              f"files on the device (ais_bench/msame read the .bin files)"}
-        else:
-            numerics = _verify_in_fresh_process(os.path.join(work, model_file), golden_dir, req.dtype)
-        deployable = bool(backend.deployable)
-        deployment = (f"{backend.deployable}; kit for {chip.name}" if deployable else
-                      f"no: the MindIR holds a Custom aot op bound to {_kernel_note()}; run it on this host with "
-                      f"MindSpore only")
-        input_name = io["inputs"][0]["name"] if io["inputs"] else "x"
-        with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
-            f.write(converter_config(input_name, shape, req.dtype, chip))
-        converter = converter_command(name, input_name, shape)
-        air_name = dataclasses.replace(req, static_shape=req.static_shape or AIR_DEFAULT_SHAPE, air=True).name(model)
-        write_scripts(work, name, req, converter, air_name, deployable, chip)
+            atol, rtol = TOL[req.dtype]
+            device_t = DEVICE_T[req.dtype]
+            if not runs_here:
+                numerics = {"ok": None, "not_run": f"the {backend.name} backend has no {device} kernel: run the golden "
+                                                  f"files on the device (ais_bench/msame read the .bin files)"}
+            else:
+                numerics = _verify_in_fresh_process(os.path.join(work, model_file), golden_dir, req.dtype)
+            deployable = bool(backend.deployable)
+            deployment = (f"{backend.deployable}; kit for {chip.name}" if deployable else
+                          f"no: the MindIR holds a Custom aot op bound to {_kernel_note()}; run it on this host with "
+                          f"MindSpore only")
+            input_name = io["inputs"][0]["name"] if io["inputs"] else "x"
+            with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
+                f.write(converter_config(input_name, shape, req.dtype, chip))
+            converter = converter_command(name, input_name, shape)
+            air_name = dataclasses.replace(req, static_shape=req.static_shape or AIR_DEFAULT_SHAPE, air=True).name(model)
+            write_scripts(work, name, req, converter, air_name, deployable, chip)
 
-        manifest = {
-            "name": name, "format": fmt, "model_file": model_file, "target": req.target, "deployable": deployable,
-            "deployment": deployment,
-            "deployment_path": "convert_om.sh (MindSpore Lite converter_lite, MindIR -> Ascend); export_air.sh "
-                               "(AIR + ATC) is the deprecated second path" if deployable else None,
-            "chip": {"name": chip.name, "key": chip.key, "soc_family": chip.soc_family} if req.target != "cpu" else None,
-            "source": {"checkpoint": os.path.abspath(req.checkpoint) if req.checkpoint else None,
-                       "preset": req.preset, "seed": None if req.checkpoint else req.seed, "model": model,
-                       "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP or MoE -> residual)"
-                       if req.stack else type(net).__name__},
-            "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype, "moe": _moe_note(req),
-            "inputs": [{"name": input_name, "shape": shape, "dtype": req.dtype, "dynamic": [i for i, d in
-                                                                                        enumerate(shape) if d < 0]}],
-            "outputs": [{"shape": shape, "dtype": req.dtype}],
-            "op_types": found,
-            "golden": golden,
-            "tolerance": {
-                "cpu_reload": {"atol": atol, "rtol": rtol, "note": "the reloaded MindIR against the Cell on this "
-                               "host's CPU (ms_swiglu.config.TOLERANCE: one rounding to the dtype)"},
-                "device": {"mean_relative_error": device_t, "max_relative_error": 10 * device_t,
-                           "note": "for the golden files on the device: CANN's open-source operator precision "
-                                   "standard (hicann/opbase docs/zh/ops_precision_standard/experimental_standard.md: "
-                                   "MERE < T and MARE < 10 T, relative error |out - golden| / (|golden| + 1e-7)); "
-                                   "not run on hardware here"}},
-            "verification": {"op_types": "ok",
-                             "allowed_ops": sorted(backend.allowed_ops) if backend.allowed_ops else None,
-                             "numerics": numerics},
-            "converter_command": converter,
-            "atc_command": atc_command(air_name),
-            "files": {},
-        }
-        for root, _, files in os.walk(work):
-            for fname in sorted(files):
-                path = os.path.join(root, fname)
-                manifest["files"][os.path.relpath(path, work)] = _sha256(path)
-        with open(os.path.join(work, "manifest.json"), "w") as f:
-            json.dump(manifest, f, indent=1)
-        _move_into_place(work, out, [model_file] + list(ARTIFACTS))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return manifest
+            manifest = {
+                "name": name, "format": fmt, "model_file": model_file, "target": req.target, "deployable": deployable,
+                "deployment": deployment,
+                "deployment_path": "convert_om.sh (MindSpore Lite converter_lite, MindIR -> Ascend); export_air.sh "
+                                   "(AIR + ATC) is the deprecated second path" if deployable else None,
+                "chip": {"name": chip.name, "key": chip.key, "soc_family": chip.soc_family} if req.target != "cpu" else None,
+                "source": {"checkpoint": os.path.abspath(req.checkpoint) if req.checkpoint else None,
+                           "preset": req.preset, "seed": None if req.checkpoint else req.seed, "model": model,
+                           "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP or MoE -> residual)"
+                           if req.stack else type(net).__name__},
+                "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype, "moe": _moe_note(req),
+                "inputs": [{"name": input_name, "shape": shape, "dtype": req.dtype, "dynamic": [i for i, d in
+                                                                                            enumerate(shape) if d < 0]}],
+                "outputs": [{"shape": shape, "dtype": req.dtype}],
+                "op_types": found,
+                "golden": golden,
+                "tolerance": {
+                    "cpu_reload": {"atol": atol, "rtol": rtol, "note": "the reloaded MindIR against the Cell on this "
+                                   "host's CPU (ms_swiglu.config.TOLERANCE: one rounding to the dtype)"},
+                    "device": {"mean_relative_error": device_t, "max_relative_error": 10 * device_t,
+                               "note": "for the golden files on the device: CANN's open-source operator precision "
+                                       "standard (hicann/opbase docs/zh/ops_precision_standard/experimental_standard.md: "
+                                       "MERE < T and MARE < 10 T, relative error |out - golden| / (|golden| + 1e-7)); "
+                                       "not run on hardware here"}},
+                "verification": {"op_types": "ok",
+                                 "allowed_ops": sorted(backend.allowed_ops) if backend.allowed_ops else None,
+                                 "numerics": numerics},
+                "converter_command": converter,
+                "atc_command": atc_command(air_name),
+                "files": {},
+            }
+            for root, _, files in os.walk(work):
+                for fname in sorted(files):
+                    path = os.path.join(root, fname)
+                    manifest["files"][os.path.relpath(path, work)] = _sha256(path)
+            with open(os.path.join(work, "manifest.json"), "w") as f:
+                json.dump(manifest, f, indent=1)
+            _move_into_place(work, out, [model_file] + list(ARTIFACTS))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return manifest
 
 
 def _moe_note(req):
@@ -320,12 +365,8 @@ def _remove_stale_work(folder):
         if not entry.startswith(WORK_PREFIX):
             continue
         pid = entry[len(WORK_PREFIX):].split("-")[0]
-        try:
-            os.kill(int(pid), 0)
-        except (ValueError, ProcessLookupError):
+        if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
-        except PermissionError:
-            pass  # alive, another user's
 
 
 def _kernel_note():
@@ -335,10 +376,30 @@ def _kernel_note():
 
 
 def _move_into_place(work, out, names):
-    """Rename the artifacts from the work folder into `out`; manifest.json last, so it marks a whole export."""
-    os.makedirs(out, exist_ok=True)
-    for name in sorted(names, key=lambda n: n == "manifest.json"):
-        src, dst = os.path.join(work, name), os.path.join(out, name)
-        if os.path.isdir(dst) and not os.path.islink(dst):
-            shutil.rmtree(dst)
-        os.replace(src, dst)
+    """Rename the artifacts from ``work`` into ``out``: an earlier export's manifest.json is removed first and the
+    new one renamed in last, so that a manifest marks a whole export at every moment (its sha256 list names the
+    files it vouches for). A failure puts the earlier export back."""
+    kept = os.path.join(work, ".replaced")
+    os.mkdir(kept)
+    moved, replaced = [], []
+    try:
+        for name in sorted(names, key=lambda n: (n != "manifest.json", n)):  # the earlier manifest goes first
+            if os.path.lexists(os.path.join(out, name)):
+                os.replace(os.path.join(out, name), os.path.join(kept, name))
+                replaced.append(name)
+        for name in sorted(names, key=lambda n: n == "manifest.json"):  # the new manifest comes last
+            os.replace(os.path.join(work, name), os.path.join(out, name))
+            moved.append(name)
+    except BaseException:
+        for name in moved:
+            _remove(os.path.join(out, name))
+        for name in replaced:
+            os.replace(os.path.join(kept, name), os.path.join(out, name))
+        raise
+
+
+def _remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)

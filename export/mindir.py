@@ -3,6 +3,8 @@ import collections
 
 from mindspore.train import mind_ir_pb2
 
+from ms_swiglu.errors import InputError
+
 def _nodes(path):
     """The operator type of every node of a MindIR (main graph and sub-graphs), ``Constant`` nodes left out.
 
@@ -14,7 +16,7 @@ def _nodes(path):
     try:
         model.ParseFromString(data)
     except Exception as exc:  # protobuf raises its own DecodeError
-        raise ValueError(f"{path}: expected a MindIR protobuf, got undecodable data ({exc})") from None
+        raise InputError(f"{path}: expected a MindIR protobuf, got undecodable data ({exc})") from None
     graphs = [model.graph, *model.functions]
     names = {g.name for g in graphs}
     for graph in graphs:

@@ -1,53 +1,41 @@
-"""``ms-swiglu``: run one MLP layer of a HuggingFace checkpoint, or convert checkpoints to packed weights.
+"""``ms-swiglu``: run one MLP layer of a HuggingFace checkpoint, convert checkpoints to packed weights, export them.
 
-Bad input exits with status 2 and one line on stderr naming what was expected and what was found. Every
-output is written to a temporary file and renamed into place; an existing file is kept unless --force.
+Bad input exits with status 2 and one line on stderr naming what was expected and what was found; anything else
+that fails is a bug or the environment (exit 1, one line, the traceback kept in a log file the line names). Every
+output appears whole or not at all, and an existing one is kept unless --force (``ms_swiglu.outputs``).
 """
-import argparse
+import datetime
 import os
 import sys
 import tempfile
+import traceback
 
 import numpy as np
 
 from ms_swiglu.backends import NAMES as BACKENDS
-from ms_swiglu.backends.chips import BY_KEY as CHIPS, DEFAULT as _DEFAULT
-
-DEFAULT_CHIP = _DEFAULT.key
-from ms_swiglu.checkpoint import CheckpointError, load_dense_layer, load_moe_layer, read_config, write_safetensors
+from ms_swiglu.backends.chips import BY_KEY as CHIPS, DEFAULT as DEFAULT_CHIP
+from ms_swiglu.checkpoint import dump_safetensors, load_dense_layer, load_moe_layer, read_config
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
-from ms_swiglu.errors import InputError
+from ms_swiglu.errors import ArgumentParser, InputError
+from ms_swiglu.outputs import OutputSet, check_writable
 from ms_swiglu.packing import shard_down, shard_packed
-from ms_swiglu.progress import progress
-from ms_swiglu.runner import read_input, run_layer
+from ms_swiglu.processes import scratch_cwd
+from ms_swiglu.progress import end_line, progress
+from ms_swiglu.runner import check_fits, layer_bytes, read_input, run_layer
+
+UsageError = InputError  # bad command-line input
 
 
-class UsageError(InputError):
-    """Bad command-line input: reported as one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(f"{self.prog}: {message}")
-
-
-def _output_path(path, force):
-    """Check before any work that `path` can be written; returns it absolute."""
-    path = os.path.abspath(path)
-    folder = os.path.dirname(path)
-    if not os.path.isdir(folder):
-        raise UsageError(f"output: expected an existing folder for {path}, found none at {folder}")
-    try:  # a real write: access() says yes to root even where nothing can be written
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as exc:
-        raise UsageError(f"output: expected a writable folder, got {folder} ({exc.strerror})") from None
-    if os.path.exists(path) and not force:
-        raise UsageError(f"output: expected a new file, got existing {path} (use --force to replace it)")
-    return path
+def _count(name, value, minimum=1):
+    if value < minimum:
+        raise UsageError(f"{name}: expected an integer >= {minimum}, got {value}")
+    return value
 
 
 def _layer_range(spec):
     """``A-B`` or ``N`` as a range of layers."""
+    if not spec.strip():
+        raise UsageError(f"--layers: expected A-B or N, got {spec!r}")
     try:
         first, _, last = spec.partition("-")
         layers = range(int(first), int(last or first) + 1)
@@ -67,19 +55,27 @@ def _layers(spec, config):
 
 
 def cmd_run(args):
+    _count("--tokens", args.tokens)
+    _count("--repeat", args.repeat)
+    _count("--tp-size", args.tp_size)
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
+        raise UsageError(f"--master-port: expected a port in 1..65535, got {args.master_port}")
     config = read_config(args.checkpoint)
     config.check_layer(args.layer)
     config.check_tp(args.tp_size, [args.layer])
     x = read_input(args.input, config.hidden_size) if args.input else None
-    out = _output_path(args.output, args.force) if args.output else None
+    check_fits("--input" if args.input else "--tokens",
+               layer_bytes(config, args.layer, x.size // config.hidden_size if x is not None else args.tokens))
+    out = check_writable(args.output, args.force) if args.output else None
     if x is None:
         x = np.random.default_rng(args.seed).standard_normal((args.tokens, config.hidden_size)).astype(np.float32)
     if args.tp_size > 1:
         from ms_swiglu.launch.msrun import launch  # noqa: PLC0415
 
         return launch(args, x, out)
-    run_layer(args.checkpoint, args.layer, x, config=config, dtype=args.dtype, backend=args.backend,
-              repeat=args.repeat, output=out)
+    with scratch_cwd():  # MindSpore and AKG write compile files into the working directory
+        run_layer(os.path.abspath(args.checkpoint), args.layer, x, config=config, dtype=args.dtype,
+                  backend=args.backend, repeat=args.repeat, output=out, force=args.force)
     return 0
 
 
@@ -113,24 +109,31 @@ def _layer_tensors(config, folder, layer):
 
 
 def cmd_convert(args):
+    """Every rank's file is written in full beside its name, then all are put in place together: a failure
+    leaves none, and each file names its set (``set``, ``tp_size``, ``rank``) so that a reader can tell a whole
+    set from the files an interrupted commit put in place."""
+    _count("--tp-size", args.tp_size)
     config = read_config(args.checkpoint)
-    layers = _layers(args.layers or f"0-{config.num_hidden_layers - 1}", config)
+    layers = _layers(f"0-{config.num_hidden_layers - 1}" if args.layers is None else args.layers, config)
     config.check_tp(args.tp_size, layers)
-    paths = [_output_path(p, args.force) for p in _rank_paths(args.output, args.tp_size)]
-    ranks = [{} for _ in paths]
-    dtype, float32 = args.dtype, set()
-    for i, layer in enumerate(layers):
-        tensors, ckpt_dtype, (packed, down, f32) = _layer_tensors(config, args.checkpoint, layer)
-        dtype, float32 = dtype or ckpt_dtype, float32 | f32
-        for rank, out in enumerate(ranks):
-            for name, a in tensors.items():
-                out[name] = (shard_packed(a, args.tp_size, rank) if name in packed else  # [E,] [2I/p, H]
-                             shard_down(a, args.tp_size, rank) if name in down else a)  # [E,] [H, I/p]; replicated
-        progress("convert", i + 1, len(layers), "layers")
-    for rank, (path, tensors) in enumerate(zip(paths, ranks)):
-        meta = {"format": "ms_swiglu.packed", "layout": "gate_up rows [gate; up]", "model_type": config.model_type,
-                "tp_size": args.tp_size, "rank": rank, "layers": f"{layers.start}-{layers.stop - 1}"}
-        write_safetensors(path, tensors, dtype, meta, float32=float32)
+    ranks = [{} for _ in range(args.tp_size)]
+    with OutputSet(_rank_paths(args.output, args.tp_size), args.force) as out:
+        dtype, float32 = args.dtype, set()
+        for i, layer in enumerate(layers):
+            tensors, ckpt_dtype, (packed, down, f32) = _layer_tensors(config, args.checkpoint, layer)
+            dtype, float32 = dtype or ckpt_dtype, float32 | f32
+            for rank, rank_tensors in enumerate(ranks):
+                for name, a in tensors.items():
+                    rank_tensors[name] = (shard_packed(a, args.tp_size, rank) if name in packed else  # [2I/p, H]
+                                          shard_down(a, args.tp_size, rank) if name in down else a)  # [H, I/p]
+            progress("convert", i + 1, len(layers), "layers")
+        for rank, (path, tensors) in enumerate(zip(out.paths, ranks)):
+            meta = {"format": "ms_swiglu.packed", "layout": "gate_up rows [gate; up]",
+                    "model_type": config.model_type, "tp_size": args.tp_size, "rank": rank,
+                    "layers": f"{layers.start}-{layers.stop - 1}", "set": out.token}
+            out.write(path, lambda tmp, t=tensors, m=meta: dump_safetensors(tmp, t, dtype, m, float32=float32))
+        out.commit()
+    for path, tensors in zip(out.paths, ranks):
         print(f"wrote {path} ({len(tensors)} tensors, {dtype})")
     return 0
 
@@ -152,7 +155,7 @@ def cmd_export(args):
         config = read_config(args.checkpoint)
         if args.layer is None and args.layers is None:
             raise UsageError("export: expected --layer N or --layers A-B with --checkpoint, got neither")
-        if args.layers:
+        if args.layers is not None:
             layers = _layers(args.layers, config)
         else:
             config.check_layer(args.layer)
@@ -160,11 +163,15 @@ def cmd_export(args):
     else:
         if args.layer is not None:
             raise UsageError("export: expected --layers A-B (a stack of blocks) with --preset, got --layer")
-        layers = _layer_range(args.layers or "0")
+        layers = _layer_range("0" if args.layers is None else args.layers)
+    static = _static_shape(args.static_shape) if args.static_shape else None
+    if static:
+        hidden, inter = (config.hidden_size, config.intermediate_size) if args.checkpoint else PRESETS[args.preset]
+        check_fits("--static-shape", 4 * static[0] * static[1] * (2 * hidden + 3 * inter) * 2)  # two golden cases
     req = ExportRequest(output_dir=args.output_dir, target=args.target, checkpoint=args.checkpoint,
                         preset=args.preset, seed=args.seed, layers=(layers.start, layers.stop - 1),
-                        stack=bool(args.layers), dtype=args.dtype, force=args.force, air=args.air, chip=args.chip,
-                        static_shape=_static_shape(args.static_shape) if args.static_shape else None)
+                        stack=args.layers is not None, dtype=args.dtype, force=args.force, air=args.air,
+                        chip=args.chip, static_shape=static)
     manifest = export(req)
     out = os.path.abspath(args.output_dir)
     numerics = manifest["verification"]["numerics"]
@@ -180,8 +187,8 @@ def cmd_export(args):
 
 
 def build_parser():
-    parser = _Parser(prog="ms-swiglu", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = ArgumentParser(prog="ms-swiglu", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
 
     run = sub.add_parser("run", help="run the packed MLP of one checkpoint layer in GRAPH_MODE")
     run.add_argument("--checkpoint", required=True, help="HuggingFace checkpoint folder")
@@ -222,7 +229,7 @@ def build_parser():
     exp.add_argument("--force", action="store_true", help="replace an earlier export in --output-dir")
     exp.add_argument("--air", action="store_true",
                      help="AIR for ATC instead of MindIR (Ascend hosts only; AIR is deprecated in MindSpore 2.10)")
-    exp.add_argument("--chip", choices=list(CHIPS), default=DEFAULT_CHIP,
+    exp.add_argument("--chip", choices=list(CHIPS), default=DEFAULT_CHIP.key,
                      help="the Ascend chip family the kit is for (default atlas-a2); --target ascend needs a2 or a3")
     exp.set_defaults(func=cmd_export)
 
@@ -230,26 +237,57 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # its own parser: ms_swiglu.tools.bench_mlp
-        from ms_swiglu.tools.bench_mlp import main as bench_main  # noqa: PLC0415
+def _log_bug(exc):
+    """The traceback of an unexpected error, in a new file under $TMPDIR/ms-swiglu-logs; its path."""
+    folder = os.path.join(tempfile.gettempdir(), "ms-swiglu-logs")
+    os.makedirs(folder, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = os.path.join(folder, f"error-{stamp}-{os.getpid()}.log")
+    with open(path, "w") as f:
+        f.write(f"ms-swiglu {' '.join(sys.argv[1:])}\n\n")
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=f)
+    return path
 
-        return bench_main(argv[1:])
+
+def _first_line(exc):
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
+def main(argv=None):
+    """Exit status 0; 2 for bad input (one line); 1 for a failed worker, the environment (a full disk) or a bug
+    (one line naming the traceback's log file); 130 for Ctrl-C."""
+    from ms_swiglu.launch.msrun import LaunchError  # noqa: PLC0415 -- no MindSpore import there
+
+    argv = sys.argv[1:] if argv is None else argv
+    os.environ.setdefault("MS_OM_PATH", os.path.join(tempfile.gettempdir(), "ms-swiglu-om"))  # compile-failure dumps
     try:
+        if argv[:1] == ["bench"]:  # its own parser: ms_swiglu.tools.bench_mlp
+            from ms_swiglu.tools.bench_mlp import main as bench_main  # noqa: PLC0415
+
+            return bench_main(argv[1:])
         args = build_parser().parse_args(argv)
-        if getattr(args, "tokens", 1) < 1:
-            raise UsageError(f"--tokens: expected a positive count, got {args.tokens}")
         return args.func(args)
-    except (UsageError, CheckpointError, ValueError, TypeError, OSError) as exc:
-        print(f"ms-swiglu: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+    except InputError as exc:
+        end_line()
+        print(f"ms-swiglu: error: {_first_line(exc)}", file=sys.stderr)
         return 2
-    except RuntimeError as exc:  # a launched worker failed (ms_swiglu.launch.LaunchError)
-        print(f"ms-swiglu: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+    except LaunchError as exc:
+        end_line()
+        print(f"ms-swiglu: error: {_first_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        end_line()
         print("ms-swiglu: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # the environment: a full disk, a vanished file
+        end_line()
+        print(f"ms-swiglu: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 -- a bug: shown as one, with its traceback kept
+        end_line()
+        print(f"ms-swiglu: internal error: {type(exc).__name__}: {_first_line(exc)} (traceback: {_log_bug(exc)})",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

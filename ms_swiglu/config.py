@@ -1,5 +1,6 @@
 """Model shapes and dtype names shared by the Cells, the demo, the benchmarks and the CLI (no MindSpore import
 at module load, so that the CLI can check its arguments first)."""
+from ms_swiglu.errors import InputError, InputTypeError
 
 # (hidden_size, intermediate_size) of the MLPs the benchmarks, the demo and the exporter use
 PRESETS = {
@@ -17,7 +18,7 @@ TOLERANCE = {"float32": (1e-5, 1.3e-6), "float16": (1e-3, 1e-3), "bfloat16": (1e
 def preset(name):
     """(hidden_size, intermediate_size) of a named preset."""
     if name not in PRESETS:
-        raise ValueError(f"preset: expected one of {', '.join(PRESETS)}, got {name!r}")
+        raise InputError(f"preset: expected one of {', '.join(PRESETS)}, got {name!r}")
     return PRESETS[name]
 
 
@@ -31,9 +32,9 @@ def to_dtype(dtype):
     names = {name: getattr(ms, name) for name in DTYPE_NAMES}
     if isinstance(dtype, str):
         if dtype not in names:
-            raise TypeError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+            raise InputTypeError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
         dtype = names[dtype]
     elif dtype not in names.values():
-        raise TypeError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype}")
+        raise InputTypeError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype}")
     chips.check_dtype(str(dtype).lower(), chips.current())
     return dtype

@@ -10,6 +10,7 @@ from mindspore.common import dtype as mstype
 from ms_swiglu import backends
 from ms_swiglu.backends.spec import SwiGLUOp
 from ms_swiglu.config import to_dtype
+from ms_swiglu.errors import InputError
 from ms_swiglu.mlp import PackedSwiGLUMLP
 
 
@@ -53,14 +54,14 @@ class FFNBlock(nn.Cell):
                  recompute="none"):
         super().__init__()
         if recompute not in RECOMPUTE:
-            raise ValueError(f"recompute: expected one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+            raise InputError(f"recompute: expected one of {', '.join(RECOMPUTE)}, got {recompute!r}")
         self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype)
         self.mlp = mlp or PackedSwiGLUMLP(hidden_size, intermediate_size, dtype=dtype, backend=backend)
         self.recompute_mode = recompute
         backend = self.mlp.backend
         if recompute != "none" and not backend.recomputable:
             able = ", ".join(name for name in backends.REGISTRY if backends.get(name).recomputable)
-            raise ValueError(f"recompute={recompute!r}: expected a backend MindSpore can recompute ({able}), got "
+            raise InputError(f"recompute={recompute!r}: expected a backend MindSpore can recompute ({able}), got "
                              f"{backend.name} (graph-mode recompute does not re-run aot Custom ops; the cpu backend "
                              f"never stores [T, 2I]: its backward recomputes the gate/up GEMM)")
         acts = [cell for _, cell in self.cells_and_names() if isinstance(cell, SwiGLUOp)]

@@ -15,6 +15,7 @@ from mindspore.common.initializer import HeUniform, initializer
 from ms_swiglu.backends import resolve
 from ms_swiglu.backends.matmul import cpu_upcast, matmul
 from ms_swiglu.config import to_dtype
+from ms_swiglu.errors import InputError
 
 
 class Dense(nn.Dense):
@@ -46,7 +47,7 @@ class Linear(nn.Cell):
     def __init__(self, d_in, d_out, *, dtype=ms.float32, backend="auto", swiglu=False):
         super().__init__()
         if swiglu and d_out % 2:
-            raise ValueError(f"swiglu: expected an even d_out (2I, [gate, up]), got {d_out}")
+            raise InputError(f"swiglu: expected an even d_out (2I, [gate, up]), got {d_out}")
         dtype = to_dtype(dtype)
         self.backend = resolve(backend)
         self.weight = Parameter(initializer(HeUniform(math.sqrt(5)), [d_out, d_in], dtype), name="weight")

@@ -9,6 +9,7 @@ from mindspore.common import dtype as mstype
 
 from ms_swiglu.backends import resolve
 from ms_swiglu.config import to_dtype
+from ms_swiglu.errors import InputError
 from ms_swiglu.linear import Dense, Linear
 from ms_swiglu.packing import check_tp, pack_state_dict, unpack_state_dict
 from ms_swiglu.parallel import reduce_cell
@@ -97,9 +98,9 @@ def load_weights(cell, state):
     """Set a Cell's parameters from ``{relative name: array}``; names and shapes must match exactly."""
     params = dict(cell.parameters_and_names())
     if set(params) != set(state):
-        raise ValueError(f"expected weights {sorted(params)}, got {sorted(state)}")
+        raise InputError(f"expected weights {sorted(params)}, got {sorted(state)}")
     for name, w in state.items():
         if params[name].shape != w.shape:
-            raise ValueError(f"{name}: expected shape {params[name].shape}, got {w.shape}")
+            raise InputError(f"{name}: expected shape {params[name].shape}, got {w.shape}")
         params[name].set_data(ms.Tensor(np.ascontiguousarray(w), dtype=params[name].dtype))
     return cell

@@ -16,6 +16,7 @@ from mindspore.common.initializer import HeUniform, initializer
 from ms_swiglu.backends import resolve
 from ms_swiglu.backends.matmul import cpu_upcast
 from ms_swiglu.config import to_dtype
+from ms_swiglu.errors import InputError
 from ms_swiglu.linear import Dense
 from ms_swiglu.mlp import PackedSwiGLUMLP
 from ms_swiglu.packing import check_tp
@@ -77,9 +78,9 @@ class PackedMoE(nn.Cell):
                  shared_intermediate_size=0, shared_expert_gate=False):
         super().__init__()
         if not 1 <= top_k <= num_experts:
-            raise ValueError(f"top_k: expected 1..num_experts ({num_experts}), got {top_k}")
+            raise InputError(f"top_k: expected 1..num_experts ({num_experts}), got {top_k}")
         if scoring not in SCORING:
-            raise ValueError(f"scoring: expected one of {', '.join(SCORING)}, got {scoring!r}")
+            raise InputError(f"scoring: expected one of {', '.join(SCORING)}, got {scoring!r}")
         check_tp(intermediate_size, tp_size)
         dtype, self.backend = to_dtype(dtype), resolve(backend)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size

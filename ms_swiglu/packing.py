@@ -8,12 +8,14 @@ Shapes (p = tp_size):
 """
 import numpy as np
 
+from ms_swiglu.errors import InputError
+
 GATE, UP, DOWN, GATE_UP = "gate_proj.weight", "up_proj.weight", "down_proj.weight", "gate_up_proj.weight"
 
 
 def _check_2d(name, w):
     if np.ndim(w) != 2:
-        raise ValueError(f"{name}: expected a 2-D weight [out, in], got shape {np.shape(w)}")
+        raise InputError(f"{name}: expected a 2-D weight [out, in], got shape {np.shape(w)}")
 
 
 def pack_gate_up(gate, up):
@@ -21,7 +23,7 @@ def pack_gate_up(gate, up):
     _check_2d("gate", gate)
     _check_2d("up", up)
     if np.shape(gate) != np.shape(up):
-        raise ValueError(f"pack_gate_up: expected up of the gate's shape {np.shape(gate)}, got {np.shape(up)}")
+        raise InputError(f"pack_gate_up: expected up of the gate's shape {np.shape(gate)}, got {np.shape(up)}")
     return np.concatenate([gate, up], axis=0)
 
 
@@ -43,13 +45,13 @@ def pack_state_dict(state):
         if name.endswith(GATE):
             prefix = name[: -len(GATE)]
             if prefix + UP not in state:
-                raise ValueError(f"pack_state_dict: expected {prefix + UP} beside {name}, found none")
+                raise InputError(f"pack_state_dict: expected {prefix + UP} beside {name}, found none")
             out[prefix + GATE_UP] = pack_gate_up(np.asarray(w), np.asarray(state[prefix + UP]))
         else:
             out[name] = w
     orphans = [n for n in state if n.endswith(UP) and n[: -len(UP)] + GATE not in state]
     if orphans:
-        raise ValueError(f"pack_state_dict: expected a gate_proj beside {orphans[0]}, found none")
+        raise InputError(f"pack_state_dict: expected a gate_proj beside {orphans[0]}, found none")
     return out
 
 
@@ -68,9 +70,9 @@ def unpack_state_dict(state):
 def check_tp(inter, tp_size, rank=0):
     """ValueError unless tp_size divides intermediate_size and 0 <= rank < tp_size."""
     if not isinstance(tp_size, int) or tp_size < 1 or inter % tp_size:
-        raise ValueError(f"tp_size: expected a positive divisor of intermediate_size {inter}, got {tp_size}")
+        raise InputError(f"tp_size: expected a positive divisor of intermediate_size {inter}, got {tp_size}")
     if not isinstance(rank, int) or not 0 <= rank < tp_size:
-        raise ValueError(f"rank: expected 0..{tp_size - 1}, got {rank}")
+        raise InputError(f"rank: expected 0..{tp_size - 1}, got {rank}")
 
 
 def shard_packed(gate_up, tp_size, rank):
@@ -98,7 +100,7 @@ def unpack_gate_up_nd(gate_up):
     """``[..., 2I, H] -> ([..., I, H], [..., I, H])``."""
     rows = np.shape(gate_up)[-2]
     if rows % 2:
-        raise ValueError(f"unpack_gate_up: expected an even number of rows (2I), got {rows}")
+        raise InputError(f"unpack_gate_up: expected an even number of rows (2I), got {rows}")
     return gate_up[..., : rows // 2, :], gate_up[..., rows // 2:, :]
 
 

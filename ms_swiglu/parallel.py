@@ -8,6 +8,8 @@ AllReduce sums the partial outputs. The split itself lives in ``ms_swiglu.packin
 """
 from mindspore import nn, ops
 
+from ms_swiglu.errors import InputError
+
 
 class AllReduceSum(nn.Cell):
     """Sums a tensor over the ranks of the world group. Shapes: [T, H] -> [T, H]."""
@@ -32,5 +34,5 @@ def init(tp_size):
 
     init_comm()
     if get_group_size() != tp_size:
-        raise ValueError(f"tp_size: expected the launched world size {get_group_size()}, got {tp_size}")
+        raise InputError(f"tp_size: expected the launched world size {get_group_size()}, got {tp_size}")
     return get_rank()

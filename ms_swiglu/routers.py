@@ -13,6 +13,7 @@ from mindspore.common.initializer import HeUniform, initializer
 
 from ms_swiglu.backends import resolve
 from ms_swiglu.config import to_dtype
+from ms_swiglu.errors import InputError
 
 _ONE, _ZERO = ms.Tensor(1.0, mstype.float32), ms.Tensor(0.0, mstype.float32)
 _NEG_INF = float("-inf")
@@ -70,13 +71,13 @@ class SigmoidGroupTopK(nn.Cell):
                  routed_scaling_factor=1.0, backend="auto"):
         super().__init__()
         if num_experts % n_group or not 1 <= topk_group <= n_group:
-            raise ValueError(f"n_group, topk_group: expected n_group dividing num_experts ({num_experts}) and "
+            raise InputError(f"n_group, topk_group: expected n_group dividing num_experts ({num_experts}) and "
                              f"1 <= topk_group <= n_group, got {n_group}, {topk_group}")
         if n_group > 1 and num_experts // n_group < 2:
-            raise ValueError(f"n_group: expected groups of at least 2 experts (a group scores its top 2), got "
+            raise InputError(f"n_group: expected groups of at least 2 experts (a group scores its top 2), got "
                              f"{num_experts} experts in {n_group} groups")
         if top_k > topk_group * (num_experts // n_group):
-            raise ValueError(f"top_k: expected at most topk_group * num_experts / n_group "
+            raise InputError(f"top_k: expected at most topk_group * num_experts / n_group "
                              f"({topk_group * (num_experts // n_group)}), got {top_k}")
         self.top_k, self.n_group, self.topk_group = top_k, n_group, topk_group
         self.renormalize, self.scale = renormalize, float(routed_scaling_factor)

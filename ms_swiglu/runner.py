@@ -1,51 +1,101 @@
 """Run the FFN of one checkpoint layer on an input and report it: what ``ms-swiglu run`` does in its process, and
 what every rank of a tensor-parallel job does (``ms_swiglu.launch.worker``)."""
-import os
 import statistics
 import time
+import zipfile
 
 import numpy as np
 
 from ms_swiglu.errors import InputError
+from ms_swiglu.outputs import OutputSet
+
+
+def available_memory():
+    """Bytes this machine can still allocate (MemAvailable), or None where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_fits(what, nbytes):
+    """InputError, before anything is allocated, when ``nbytes`` exceed the memory available."""
+    free = available_memory()
+    if free is not None and nbytes > free:
+        raise InputError(f"{what}: expected a size that fits in memory ({free / 1e9:.1f} GB available), got one "
+                         f"needing {nbytes / 1e9:.1f} GB")
+
+
+def layer_bytes(config, layer, tokens):
+    """Bytes a call of the layer on ``tokens`` float32 tokens allocates at least (input, output, activations)."""
+    inter = config.moe.intermediate_size * config.moe.top_k if config.is_moe_layer(layer) else config.intermediate_size
+    return 4 * tokens * (2 * config.hidden_size + 3 * inter)
 
 
 def read_input(path, hidden):
-    """A float ``.npy`` array of shape [..., hidden] as float32."""
+    """A float ``.npy`` array of shape [..., hidden] as float32; its header is checked before the data is read."""
     try:
-        x = np.load(path, allow_pickle=False)
+        with open(path, "rb") as f:
+            if zipfile.is_zipfile(f):
+                raise InputError(f"input: expected a .npy array, got a .npz archive at {path}")
+            f.seek(0)
+            version = np.lib.format.read_magic(f)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            if version not in read_header:
+                raise ValueError(f"npy format version {version}")
+            shape, _, dtype = read_header[version](f)
     except FileNotFoundError:
         raise InputError(f"input: expected a .npy file, found none at {path}") from None
+    except IsADirectoryError:
+        raise InputError(f"input: expected a .npy file, got the folder {path}") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"input: expected a .npy array, got unreadable {path} ({exc or 'empty file'})") from None
+    if not np.issubdtype(dtype, np.floating):
+        raise InputError(f"input: expected a float array, got dtype {dtype}")
+    if len(shape) < 1 or shape[-1] != hidden:
+        raise InputError(f"input: expected shape [..., {hidden}] (hidden_size), got {list(shape)}")
+    check_fits("input", int(np.prod(shape, dtype=np.float64)) * (dtype.itemsize + 4))
+    try:
+        x = np.load(path, allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise InputError(f"input: expected a .npy array, got unreadable {path} ({exc})") from None
-    if not np.issubdtype(x.dtype, np.floating):
-        raise InputError(f"input: expected a float array, got dtype {x.dtype}")
-    if x.ndim < 1 or x.shape[-1] != hidden:
-        raise InputError(f"input: expected shape [..., {hidden}] (hidden_size), got {list(x.shape)}")
     return x.astype(np.float32)
 
 
-def save_npy(path, array):
-    """``np.save`` to a temporary file, renamed into place."""
-    tmp = f"{path}.tmp{os.getpid()}.npy"
-    try:
-        np.save(tmp, array)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+def save_npy(path, array, force=False):
+    """``np.save`` as one whole file: a new one, or with ``force`` a replaced one (``ms_swiglu.outputs``)."""
+    with OutputSet([path], force) as out:
+        out.write(out.paths[0], lambda tmp: _save(tmp, array))
+        out.commit()
 
 
-def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repeat=3, tp_size=1, output=None):
+def _save(path, array):
+    with open(path, "wb") as f:
+        np.save(f, array)
+
+
+def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repeat=3, tp_size=1, output=None,
+              force=False):
     """Build the layer's FFN (this rank's part of it, having joined the launched group when tp_size > 1), run
-    it on ``x`` [..., H], print the result line and, on rank 0, write the output as float32 ``.npy``."""
+    it on ``x`` [..., H], print the result line and, on rank 0, write the output as float32 ``.npy``. A backend
+    without dynamic shapes (akg) is compiled for the shape of ``x``."""
     import mindspore as ms  # noqa: PLC0415 -- after the input checks: importing MindSpore takes seconds
 
+    from ms_swiglu.backends import resolve  # noqa: PLC0415
     from ms_swiglu.checkpoint.load import load_block  # noqa: PLC0415
     from ms_swiglu.mlp import param_dtype  # noqa: PLC0415
 
     device = ms.get_context("device_target")  # the installed MindSpore's default: Ascend or CPU
     ms.set_device(device)
     ms.set_context(mode=ms.GRAPH_MODE)
+    backend = resolve(backend)
+    if not backend.runs_on(device):
+        raise InputError(f"--backend {backend.name}: expected a backend that runs on this machine's device "
+                         f"{device}, got one for {backend.device}")
     rank = 0
     if tp_size > 1:
         from ms_swiglu import parallel  # noqa: PLC0415
@@ -53,7 +103,8 @@ def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repea
         rank = parallel.init(tp_size)
     mlp = load_block(checkpoint, layer, dtype=dtype, backend=backend, tp_size=tp_size, rank=rank)
     ms_dtype = param_dtype(mlp)
-    mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=ms_dtype))
+    if backend.dynamic_shapes:
+        mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=ms_dtype))
     xt = ms.Tensor(x).astype(ms_dtype)
     y = mlp(xt)  # compiles
     times = []
@@ -64,12 +115,13 @@ def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repea
     y = y.astype(ms.float32).asnumpy()
     if rank != 0:
         return y
-    block = f"MoE {config.num_local_experts} experts top-{config.num_experts_per_tok}" if config.is_moe_layer(layer) else "MLP"
+    block = f"MoE {config.num_local_experts} experts top-{config.num_experts_per_tok}" if config.is_moe_layer(
+        layer) else "MLP"
     tp = f", tp {tp_size}" if tp_size > 1 else ""
     print(f"device {device}{tp}, backend {mlp.backend.name}, dtype {str(ms_dtype).lower()}, {block} layer {layer} "
           f"of {config.model_type}, input {list(x.shape)} -> output {list(y.shape)}, latency "
           f"{statistics.median(times):.3f} ms (median of {repeat}, min {min(times):.3f})", flush=True)
     if output:
-        save_npy(output, y)
+        save_npy(output, y, force)
         print(f"wrote {output}", flush=True)
     return y

@@ -1,4 +1,6 @@
 """Shared test set-up: the CPU device, both execution modes, the float64 reference and the tolerances."""
+import tempfile
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -21,9 +23,13 @@ def mode(request):
 
 @pytest.fixture(scope="session", autouse=True)
 def _kernel_dir(tmp_path_factory):
-    """AKG and the graph compiler write kernel_meta/ and logs into the working directory: keep them out of the tree."""
+    """AKG and the graph compiler write kernel_meta/ and logs into the working directory, and the CLI keeps job
+    folders and logs under $TMPDIR: both inside the session's own temporary folder."""
     mp = pytest.MonkeyPatch()
     mp.chdir(tmp_path_factory.mktemp("work"))
+    tmp = str(tmp_path_factory.mktemp("tmpdir"))
+    mp.setenv("TMPDIR", tmp)  # every subprocess's
+    mp.setattr(tempfile, "tempdir", tmp)  # this process's
     yield
     mp.undo()
 

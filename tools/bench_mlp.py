@@ -30,7 +30,6 @@ GB/s of weight bytes read; the fraction of the GEMM ceiling (N >= 16) or of the 
 Usage: ms-swiglu bench [--preset llama-7b] [--tokens 1 16 128 512] [--dtype float32] [--jit O0 O1]
                        [--variants ...] [--rounds 7] [--memory] [--json F] [--plot F.png]
 """
-import argparse
 import os
 import subprocess
 import sys
@@ -40,7 +39,11 @@ import time
 import numpy as np
 
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
+from ms_swiglu.errors import ArgumentParser, InputError
+from ms_swiglu.outputs import OutputSet, check_writable
+from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import progress
+from ms_swiglu.runner import check_fits
 from ms_swiglu.tools.probes import add, read_sum
 from ms_swiglu.tools.timing import interleave, probe_process, proc_status, reset_peak_memory, write_json
 
@@ -179,7 +182,7 @@ class TorchPeer:
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer.py")
         # MindSpore setenv()s OMP_NUM_THREADS=1 in C, which a child would inherit: give the peer every core
         env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count()))
-        self.proc = subprocess.Popen([python, script, str(hidden), str(inter), dtype, str(layers)],
+        self.proc = subprocess.Popen([python, "-I", script, str(hidden), str(inter), dtype, str(layers)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.banner = self._ask(None)
 
@@ -287,7 +290,7 @@ def _print_cell(cell):
               flush=True)
 
 
-def plot(data, path):
+def plot(data, path, force=False):
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -311,9 +314,9 @@ def plot(data, path):
         axes[row][0].legend(fontsize=7)
         axes[row][1].legend(fontsize=7)
     fig.tight_layout()
-    tmp = f"{path}.tmp{os.getpid()}.png"
-    fig.savefig(tmp, dpi=80)
-    os.replace(tmp, path)
+    with OutputSet([path], force) as out:
+        out.write(out.paths[0], lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
+        out.commit()
 
 
 def main(argv=None):
@@ -322,7 +325,7 @@ def main(argv=None):
         variant, hidden, inter, dtype, n = argv[1:]
         print(memory_probe(variant, int(hidden), int(inter), dtype, int(n)))
         return 0
-    parser = argparse.ArgumentParser(prog="ms-swiglu bench", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="ms-swiglu bench", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", nargs="+", default=["llama-7b"], choices=sorted(PRESETS))
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 128, 512])
     parser.add_argument("--dtype", nargs="+", default=["float32"], choices=DTYPE_NAMES)
@@ -335,16 +338,37 @@ def main(argv=None):
     parser.add_argument("--memory", action="store_true", help="peak memory per variant, each in its own process")
     parser.add_argument("--json")
     parser.add_argument("--plot")
+    parser.add_argument("--force", action="store_true", help="replace an existing --json / --plot")
     args = parser.parse_args(argv)
+    _check(args)
+    args.json, args.plot = (os.path.abspath(p) if p else p for p in (args.json, args.plot))
     t0 = time.time()
-    data = run(args)
+    with scratch_cwd():  # AKG writes its kernels into the working directory
+        data = run(args)
     data["args"] = vars(args)
     data["seconds"] = time.time() - t0
     if args.json:
-        write_json(args.json, data)
+        write_json(args.json, data, args.force)
     if args.plot:
-        plot(data, args.plot)
+        plot(data, args.plot, args.force)
     return 0
+
+
+def _check(args):
+    """Every argument before any work: counts, the peer, the outputs, and the weights against the memory."""
+    for name in ("tokens", "rounds", "layers"):
+        values = getattr(args, name)
+        for value in values if isinstance(values, list) else [values]:
+            if value < 1:
+                raise InputError(f"--{name}: expected integers >= 1, got {value}")
+    if args.peer_python and not (os.path.isfile(args.peer_python) and os.access(args.peer_python, os.X_OK)):
+        raise InputError(f"--peer-python: expected an executable Python, got {args.peer_python!r}")
+    for path in (args.json, args.plot):
+        if path:
+            check_writable(path, args.force)
+    hidden, inter = max(PRESETS[p] for p in args.preset)
+    weights = 3 * hidden * inter * 4 * args.layers * (len(args.variants) * len(args.jit) + 1) * len(args.dtype)
+    check_fits("bench", weights + 4 * max(args.tokens) * (2 * hidden + 3 * inter) * 3)
 
 
 if __name__ == "__main__":

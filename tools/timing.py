@@ -23,15 +23,19 @@ def interleave(variants, rounds, warmup=3):
     return stats
 
 
-def write_json(path, data):
-    """JSON written to a temporary file and renamed into place."""
+def write_json(path, data, force=True):
+    """JSON as one whole file (``ms_swiglu.outputs``); an existing one is replaced only with ``force``."""
     import json  # noqa: PLC0415
-    import os  # noqa: PLC0415
 
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    from ms_swiglu.outputs import OutputSet  # noqa: PLC0415
+
+    def dump(tmp):
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+
+    with OutputSet([path], force) as out:
+        out.write(out.paths[0], dump)
+        out.commit()
 
 
 def reset_peak_memory():
@@ -54,10 +58,10 @@ def probe_process(module, args, what, timeout):
     """``python -m module --probe *args`` in a fresh process; its last stdout line. Raises RuntimeError naming
     `what` and the child's last stderr line when it fails."""
     import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
 
-    r = subprocess.run([sys.executable, "-m", module, "--probe", *map(str, args)], capture_output=True, text=True,
-                       timeout=timeout)
+    from ms_swiglu.processes import python  # noqa: PLC0415
+
+    r = subprocess.run(python(module, "--probe", *args), capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"{what}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
     return r.stdout.strip().splitlines()[-1]

@@ -7,6 +7,8 @@ backend names. No MindSpore import at module load: the CLI lists :data:`NAMES` b
 """
 import importlib
 
+from ms_swiglu.errors import InputError
+
 REGISTRY = {
     "ascend": "ms_swiglu.backends.ascend",  # MindSpore's builtin Swiglu for Atlas A2/A3
     "cpu": "ms_swiglu.backends.cpu",  # the package's C++ kernels (aot Custom ops)
@@ -19,7 +21,7 @@ NAMES = ("auto", *REGISTRY)
 def get(name):
     """The backend called ``name`` (a key of :data:`REGISTRY`)."""
     if name not in REGISTRY:
-        raise ValueError(f"backend: expected one of {', '.join(NAMES)}, got {name!r}")
+        raise InputError(f"backend: expected one of {', '.join(NAMES)}, got {name!r}")
     return importlib.import_module(REGISTRY[name]).BACKEND
 
 

@@ -13,6 +13,8 @@ Sources (labels, not run on hardware here):
 import dataclasses
 import warnings
 
+from ms_swiglu.errors import InputError
+
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
@@ -72,4 +74,4 @@ def auto_backend(chip):
 def check_dtype(dtype_name, chip):
     """ValueError for bfloat16 on a chip without it (chip None: not on Ascend, nothing to check)."""
     if chip is not None and dtype_name == "bfloat16" and not chip.bfloat16:
-        raise ValueError(f"dtype: expected float32 or float16 on {chip.name} (it has no bfloat16), got bfloat16")
+        raise InputError(f"dtype: expected float32 or float16 on {chip.name} (it has no bfloat16), got bfloat16")

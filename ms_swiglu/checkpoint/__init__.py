@@ -1,10 +1,10 @@
 """Checkpoints: safetensors files (``files``), HuggingFace model families (``hf``), and the Cells built from them
 (``load``, which imports MindSpore; the other two do not, so that the CLI can check its input first)."""
-from ms_swiglu.checkpoint.files import (CheckpointError, SafetensorsFolder, from_bf16_bits, read_safetensors,
-                                        to_bf16_bits, write_safetensors)
+from ms_swiglu.checkpoint.files import (CheckpointError, SafetensorsFolder, dump_safetensors, from_bf16_bits,
+                                        read_safetensors, to_bf16_bits, write_safetensors)
 from ms_swiglu.checkpoint.hf import (DENSE_FAMILIES, MOE_FAMILIES, ModelConfig, load_dense_layer, load_moe_layer,
                                      read_config)
 
-__all__ = ["CheckpointError", "DENSE_FAMILIES", "MOE_FAMILIES", "ModelConfig", "SafetensorsFolder", "from_bf16_bits",
+__all__ = ["CheckpointError", "DENSE_FAMILIES", "dump_safetensors", "MOE_FAMILIES", "ModelConfig", "SafetensorsFolder", "from_bf16_bits",
            "load_dense_layer", "load_moe_layer", "read_config", "read_safetensors", "to_bf16_bits",
            "write_safetensors"]

@@ -12,6 +12,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ms_swiglu.errors import InputError
+from ms_swiglu.outputs import OutputSet
 
 _NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -32,8 +33,11 @@ class SafetensorsFolder:
             try:
                 with open(index) as f:
                     self.weight_map = dict(json.load(f)["weight_map"])
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise CheckpointError(f"{index}: expected JSON with a weight_map, got {exc!r}") from None
+            for shard in set(self.weight_map.values()):  # shard files of this folder, as save_pretrained names them
+                if not isinstance(shard, str) or os.path.basename(shard) != shard or shard in ("", ".", ".."):
+                    raise CheckpointError(f"{index}: expected shard file names inside {folder}, got {shard!r}")
         elif os.path.exists(single):
             self.weight_map = {name: "model.safetensors" for name in self._open(single)[1]}
         else:
@@ -115,9 +119,9 @@ def from_bf16_bits(bits):
     return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
 
 
-def write_safetensors(path, tensors, dtype, metadata=None, float32=()):
-    """Write ``{name: array}`` as one safetensors file in ``dtype`` (a name), those named in ``float32`` in
-    float32, atomically (temp file + rename)."""
+def dump_safetensors(path, tensors, dtype, metadata=None, float32=()):
+    """Write ``{name: array}`` to ``path`` as a safetensors file in ``dtype`` (a name), those named in
+    ``float32`` in float32 (a plain write: :func:`write_safetensors` is the whole-or-nothing one)."""
     codes = {v: k for k, v in _DTYPE_NAMES.items()}
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
@@ -132,13 +136,15 @@ def write_safetensors(path, tensors, dtype, metadata=None, float32=()):
         header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(head)) + head)
-            for data in blobs:
-                f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for data in blobs:
+            f.write(data)
+
+
+def write_safetensors(path, tensors, dtype, metadata=None, float32=(), force=True):
+    """:func:`dump_safetensors` as one whole file (``ms_swiglu.outputs``): it appears complete or not at all, and
+    replaces an existing file only with ``force``."""
+    with OutputSet([path], force) as out:
+        out.write(out.paths[0], lambda tmp: dump_safetensors(tmp, tensors, dtype, metadata, float32))
+        out.commit()

@@ -185,6 +185,8 @@ def read_config(folder):
         raise CheckpointError(f"checkpoint: expected {path}, found none") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: expected JSON, got a parse error ({exc})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
     if model_type not in DENSE_FAMILIES + MOE_FAMILIES:
         raise CheckpointError(f"{path}: expected model_type one of {', '.join(DENSE_FAMILIES + MOE_FAMILIES)}, "
@@ -193,7 +195,7 @@ def read_config(folder):
     values = {name: c.int(name) for name in ("hidden_size", "intermediate_size", "num_hidden_layers")}
     moe, sparse = _moe(model_type, c, range(values["num_hidden_layers"])) if model_type in MOE_FAMILIES else (
         None, frozenset())
-    return ModelConfig(model_type=model_type, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), moe=moe,
+    return ModelConfig(model_type=model_type, rms_norm_eps=c.float("rms_norm_eps", 1e-6), moe=moe,
                        sparse_layers=sparse, **values)
 
 

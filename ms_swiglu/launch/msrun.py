@@ -1,10 +1,13 @@
 """``ms-swiglu run --tp-size K``: K ranks (``ms_swiglu.launch.worker``) through MindSpore's launcher, msrun.
 
 The parent checks everything first (config, layer, tp size, input, output, msrun, the port), writes the input
-to the work folder, starts msrun in its own process group, and relays rank 0's result line. Whatever happens
-(success, a failed worker, Ctrl-C) the whole group is ended before it returns. A failed worker is reported as
-one line with the path of its log; the logs are kept then, and removed after a success.
+to a job folder under $TMPDIR/ms-swiglu-tp, starts msrun in its own process group, and relays rank 0's result
+line. Whatever happens (success, a failed worker, Ctrl-C) the whole group is ended before it returns. A failed
+worker is reported as one line with the path of its log; the logs are kept then (the next run keeps the newest
+three failed jobs' logs and removes older ones and any killed job's folder), and the job folder is removed after a
+success or Ctrl-C.
 """
+import contextlib
 import glob
 import os
 import shutil
@@ -16,6 +19,10 @@ import tempfile
 import time
 
 import numpy as np
+
+from ms_swiglu.processes import alive, safe_environment
+
+from ms_swiglu.errors import InputError
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
@@ -29,7 +36,7 @@ def _free_port(port):
         try:
             s.bind(("127.0.0.1", port or 0))
         except OSError:
-            raise ValueError(f"--master-port: expected a free port, got {port} (in use)") from None
+            raise InputError(f"--master-port: expected a free port, got {port} (in use)") from None
         return s.getsockname()[1]
 
 
@@ -86,9 +93,9 @@ def launch(args, x, out):
     path = bin_dir + os.pathsep + os.environ.get("PATH", "")
     msrun = shutil.which("msrun", path=path)
     if msrun is None:
-        raise ValueError("msrun: expected MindSpore's launcher on PATH (it comes with mindspore), found none")
+        raise InputError("msrun: expected MindSpore's launcher on PATH (it comes with mindspore), found none")
     port = _free_port(args.master_port)
-    work = tempfile.mkdtemp(prefix="ms-swiglu-tp-")
+    work = _job_folder()
     log_dir = os.path.abspath(args.log_dir) if args.log_dir else os.path.join(work, "logs")
     os.makedirs(log_dir, exist_ok=True)
     np.save(os.path.join(work, "input.npy"), x)
@@ -96,36 +103,61 @@ def launch(args, x, out):
                    "--input", os.path.join(work, "input.npy"), "--backend", args.backend, "--repeat", str(args.repeat),
                    "--tp-size", str(args.tp_size)]
     if out:
-        worker_args += ["--output", out]
+        worker_args += ["--output", out] + (["--force"] if args.force else [])
     if args.dtype:
         worker_args += ["--dtype", args.dtype]
     cmd = [msrun, f"--worker_num={args.tp_size}", f"--local_worker_num={args.tp_size}", f"--master_port={port}",
            f"--log_dir={log_dir}", "--join=True", WORKER, *worker_args]
-    env = dict(os.environ, PATH=path)  # msrun starts `python` from PATH: this interpreter's
+    env = safe_environment(dict(os.environ, PATH=path))  # msrun starts `python` from PATH: this interpreter's
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env=env)
-    ok = False
+                            env=env, cwd=work)  # the job folder: compile files stay out of the user's folder
+    failed = False
     try:
-        failed = None
-        while proc.poll() is None and failed is None:  # a failed rank ends the job at once, not at msrun's pace
+        bad = None
+        while proc.poll() is None and bad is None:  # a failed rank ends the job at once, not at msrun's pace
             try:
                 proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
-                failed = _failed_worker(log_dir)
+                bad = _failed_worker(log_dir)
         status = proc.returncode if proc.returncode is not None else 1
-        failed = failed or _failed_worker(log_dir)
-        if status != 0 or failed:
-            if failed:
-                rank, log, line = failed
+        bad = bad or _failed_worker(log_dir)
+        if status != 0 or bad:
+            failed = True
+            if bad:
+                rank, log, line = bad
                 raise LaunchError(f"worker {rank} failed: {line.strip()[:300]} (log: {log})")
             raise LaunchError(f"msrun exited with status {status} (logs: {log_dir})")
         with open(os.path.join(log_dir, "worker_0.log"), errors="replace") as f:
             for line in f:
                 if line.startswith(("device ", "wrote ")):
                     print(line.rstrip())
-        ok = True
         return 0
     finally:
         _end_job(proc, work)
-        if ok:
+        if failed:  # the logs stay for diagnosis, named in the error line; the next run prunes them
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(work, "input.npy"))
+        else:  # done, or interrupted: nothing to keep
             shutil.rmtree(work, ignore_errors=True)
+
+
+JOBS = "ms-swiglu-tp"  # $TMPDIR/ms-swiglu-tp/<job>: a job's input and (by default) its logs
+KEEP_FAILED = 3  # the logs of the newest failed jobs a run keeps
+
+
+def _job_folder():
+    """A new job folder under $TMPDIR/ms-swiglu-tp, after pruning the folders of ended jobs: a killed job's
+    whole folder, and the logs of failed jobs but the newest KEEP_FAILED."""
+    base = os.path.join(tempfile.gettempdir(), JOBS)
+    os.makedirs(base, exist_ok=True)
+    ended = []
+    for entry in os.listdir(base):
+        pid = entry.rsplit("-", 2)[-2] if entry.count("-") >= 2 else ""
+        if pid.isdigit() and not alive(int(pid)):
+            ended.append(os.path.join(base, entry))
+    killed = [d for d in ended if os.path.exists(os.path.join(d, "input.npy"))]
+    failed = sorted(set(ended) - set(killed), key=os.path.getmtime)
+    for folder in killed + failed[:-KEEP_FAILED]:
+        shutil.rmtree(folder, ignore_errors=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return tempfile.mkdtemp(prefix=f"{stamp}-{os.getpid()}-", dir=base)

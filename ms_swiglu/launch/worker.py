@@ -25,6 +25,7 @@ def parser():
     p.add_argument("--dtype", choices=DTYPE_NAMES)
     p.add_argument("--backend", choices=NAMES, default="auto")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--force", action="store_true", help="replace an existing --output")
     return p
 
 
@@ -40,7 +41,8 @@ def main(argv=None):
     config = read_config(args.checkpoint)
     x = read_input(args.input, config.hidden_size)
     run_layer(args.checkpoint, args.layer, x, config=config, dtype=args.dtype, backend=args.backend,
-              repeat=args.repeat, tp_size=args.tp_size, output=os.path.abspath(args.output) if args.output else None)
+              repeat=args.repeat, tp_size=args.tp_size, output=os.path.abspath(args.output) if args.output else None,
+              force=args.force)
     return 0
 
 

@@ -1,0 +1,409 @@
+"""The CLI's promise under hostile input, crashes and races: bad input exits 2 with one line; a bug exits 1 naming
+its traceback; outputs appear whole or not at all; nothing existing is replaced without --force; no subprocess
+imports from the working directory; nothing is left behind but what a failure needs for diagnosis."""
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ms_swiglu.checkpoint import read_safetensors
+from hf_checkpoint import make_checkpoint
+
+H, I = 32, 48
+EXE = os.path.join(os.path.dirname(sys.executable), "ms-swiglu")
+
+
+def cli(*args, cwd=None, env=None, timeout=600):
+    return subprocess.run([EXE, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def one_line(r, status, message):
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == status, (r.returncode, r.stdout[-800:], r.stderr[-2000:])
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rel_ckpt")
+    make_checkpoint(folder, layers=3, seed=5)
+    return str(folder)
+
+
+@pytest.fixture
+def tmpenv(tmp_path):
+    """The environment of a child whose temporary files must land in this test's folder."""
+    (tmp_path / "tmp").mkdir()
+    return dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+
+
+# ---- 1. no code from the working directory ------------------------------------------------------------------
+
+SHADOWS = ("glob", "json", "numpy", "subprocess", "safetensors", "mindspore")
+
+
+@pytest.fixture
+def hostile_cwd(tmp_path):
+    """A folder whose modules, if a child imported them, would leave a mark and fail."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    for name in SHADOWS:
+        (cwd / f"{name}.py").write_text(f"open({str(cwd / ('PWNED-' + name))!r}, 'w').close()\n"
+                                        f"raise SystemExit('shadowed {name} imported')\n")
+    return cwd
+
+
+@pytest.mark.parametrize("target", ["portable", "ascend"])
+def test_export_children_never_import_from_the_working_directory(ckpt, hostile_cwd, tmp_path, target):
+    r = cli("export", "--checkpoint", ckpt, "--layer", 0, "--output-dir", tmp_path / "out", "--target", target,
+            cwd=hostile_cwd)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not [f for f in os.listdir(hostile_cwd) if f.startswith("PWNED")]
+
+
+def test_bench_probes_and_tp_workers_never_import_from_the_working_directory(ckpt, hostile_cwd, tmp_path, tmpenv):
+    r = cli("bench", "--preset", "tiny", "--tokens", 1, "--rounds", 1, "--variants", "packed-cpu", "--memory",
+            cwd=hostile_cwd, env=tmpenv)
+    assert r.returncode == 0, r.stderr[-2000:]
+    np.save(tmp_path / "x.npy", np.ones((2, H), np.float32))
+    r = cli("run", "--checkpoint", ckpt, "--layer", 0, "--input", tmp_path / "x.npy", "--tp-size", 2,
+            cwd=hostile_cwd, env=tmpenv)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not [f for f in os.listdir(hostile_cwd) if f.startswith("PWNED")]
+
+
+# ---- 2. outputs whole or not at all ---------------------------------------------------------------------------
+
+FAULT = r"""
+import os, signal, sys
+from ms_swiglu import cli
+from ms_swiglu.checkpoint import files
+calls, when, how = [0], int(os.environ["FAULT_AT"]), os.environ["FAULT"]
+original = getattr(files, "dump_safetensors") if os.environ["FAULT_IN"] == "dump" else os.link
+def faulty(*a, **k):
+    calls[0] += 1
+    if calls[0] == when:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise {"disk": OSError(28, "No space left on device"), "ctrl-c": KeyboardInterrupt()}[how]
+    return original(*a, **k)
+if os.environ["FAULT_IN"] == "dump":
+    cli.dump_safetensors = faulty
+else:
+    os.link = faulty
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def convert_with_fault(ckpt, out, fault, where, at, *extra):
+    env = dict(os.environ, FAULT=fault, FAULT_IN=where, FAULT_AT=str(at))
+    return subprocess.run([sys.executable, "-c", FAULT, "convert", "--checkpoint", ckpt, "--output", str(out),
+                           "--tp-size", "2", *extra], capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("fault, status", [("disk", 1), ("ctrl-c", 130)])
+def test_convert_failing_on_rank_1_leaves_nothing(ckpt, tmp_path, fault, status):
+    out = tmp_path / "packed.safetensors"
+    r = convert_with_fault(ckpt, out, fault, "dump", 2)  # rank 0 written, rank 1 fails
+    assert r.returncode == status, r.stderr
+    assert os.listdir(tmp_path) == []  # neither rank 0's file nor any temporary
+    r = cli("convert", "--checkpoint", ckpt, "--output", out, "--tp-size", 2)  # a rerun is not refused
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["packed-tp0-of-2.safetensors", "packed-tp1-of-2.safetensors"]
+
+
+def test_a_killed_convert_is_told_apart_and_cleaned_by_the_next(ckpt, tmp_path):
+    out = tmp_path / "packed.safetensors"
+    r = convert_with_fault(ckpt, out, "kill", "link", 2)  # killed between putting rank 0 and rank 1 in place
+    assert r.returncode == -signal.SIGKILL
+    rank0 = tmp_path / "packed-tp0-of-2.safetensors"
+    assert rank0.exists() and not (tmp_path / "packed-tp1-of-2.safetensors").exists()
+    with open(rank0, "rb") as f:  # a reader can tell: the file names its set of 2, whose rank 1 is missing
+        meta = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))["__metadata__"]
+    assert meta["tp_size"] == "2" and meta["rank"] == "0" and meta["set"]
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]  # the killed writer's temporaries
+    r = cli("convert", "--checkpoint", ckpt, "--output", out, "--tp-size", 2)
+    one_line(r, 2, f"expected a new file, got existing {rank0}")
+    r = cli("convert", "--checkpoint", ckpt, "--output", out, "--tp-size", 2, "--force")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["packed-tp0-of-2.safetensors", "packed-tp1-of-2.safetensors"]
+    sets = {read_safetensors_meta(tmp_path / f"packed-tp{r}-of-2.safetensors")["set"] for r in range(2)}
+    assert len(sets) == 1 and meta["set"] not in sets
+
+
+def read_safetensors_meta(path):
+    with open(path, "rb") as f:
+        return json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))["__metadata__"]
+
+
+EXPORT_FAULT = r"""
+import os, signal, sys
+from ms_swiglu import cli
+calls, when, how = [0], int(os.environ["FAULT_AT"]), os.environ["FAULT"]
+original = os.replace
+def faulty(src, dst, *a, **k):
+    if os.path.dirname(os.path.abspath(dst)) == os.path.abspath(os.environ["OUT"]):
+        calls[0] += 1
+        if calls[0] == when:
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise OSError(28, "No space left on device")
+    return original(src, dst, *a, **k)
+os.replace = faulty
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def export_with_fault(out, fault, at, *extra):
+    env = dict(os.environ, FAULT=fault, FAULT_AT=str(at), OUT=str(out))
+    return subprocess.run([sys.executable, "-c", EXPORT_FAULT, "export", "--preset", "tiny", "--output-dir", str(out),
+                           "--target", "portable", *map(str, extra)], capture_output=True, text=True, timeout=600,
+                          env=env)
+
+
+def whole(out):
+    """Whether ``out`` holds a whole export: a manifest whose every file is there with its sha256."""
+    import hashlib
+
+    path = out / "manifest.json"
+    if not path.exists():
+        return False
+    manifest = json.loads(path.read_text())
+    return all((out / f).exists() and hashlib.sha256((out / f).read_bytes()).hexdigest() == h
+               for f, h in manifest["files"].items())
+
+
+def _files(out):
+    return {f: (out / f).read_bytes() for f in os.listdir(out) if (out / f).is_file()}
+
+
+def test_export_a_manifest_marks_a_whole_export_at_every_point(tmp_path):
+    out = tmp_path / "out"
+    r = export_with_fault(out, "kill", 2)  # killed between putting the model and the rest in place
+    assert r.returncode == -signal.SIGKILL and not (out / "manifest.json").exists() and not whole(out)
+    r = cli("export", "--preset", "tiny", "--output-dir", out, "--target", "portable", "--force", "--seed", 1)
+    assert r.returncode == 0, r.stderr
+    assert whole(out) and not [f for f in os.listdir(out) if f.startswith(".ms_swiglu-export-")]
+    r = export_with_fault(out, "kill", 3, "--force", "--seed", 2)  # --force over a whole export, killed midway
+    assert r.returncode == -signal.SIGKILL
+    assert not (out / "manifest.json").exists()  # removed first: the half-replaced folder does not look whole
+    r = cli("export", "--preset", "tiny", "--output-dir", out, "--target", "portable", "--force", "--seed", 1)
+    assert r.returncode == 0 and whole(out)
+    before = _files(out)
+    r = export_with_fault(out, "disk", 3, "--force", "--seed", 2)  # a failure it can catch: the earlier export back
+    assert r.returncode == 1 and "No space left on device" in r.stderr
+    assert whole(out) and _files(out) == before
+
+
+def test_export_refuses_a_foreign_file_named_like_an_artifact_before_touching_anything(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "golden").write_text("mine")
+    (out / "notes.txt").write_text("mine too")
+    r = cli("export", "--preset", "tiny", "--output-dir", out, "--target", "portable", "--force")
+    one_line(r, 2, f"expected {out / 'golden'} to be an earlier export's folder, got something else")
+    assert sorted(os.listdir(out)) == ["golden", "notes.txt"] and (out / "golden").read_text() == "mine"
+
+
+# ---- 3. two writers, one target ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["convert", "export"])
+def test_of_two_writers_exactly_one_wins(ckpt, tmp_path, command):
+    if command == "convert":
+        args = ["convert", "--checkpoint", ckpt, "--output", tmp_path / "p.safetensors", "--tp-size", 2]
+    else:
+        args = ["export", "--preset", "tiny", "--output-dir", tmp_path / "out", "--target", "portable"]
+    procs = [subprocess.Popen([EXE, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    assert sorted(status for status, _ in results) == [0, 2], results
+    loser = next(err for status, err in results if status == 2)
+    assert len(loser.strip().splitlines()) == 1 and ("expected a new file" in loser or "expected no" in loser), loser
+
+
+# ---- 4. malformed input --------------------------------------------------------------------------------------
+
+def _npy_header(shape):
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': %r, }" % (shape,)
+    header += " " * (-(len(header) + 11) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode()
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory, ckpt):
+    d = tmp_path_factory.mktemp("bad_inputs")
+    np.savez(d / "x.npz", x=np.ones((2, H), np.float32))
+    (d / "empty.npy").write_bytes(b"")
+    (d / "huge.npy").write_bytes(_npy_header((10 ** 7, 10 ** 6, H)))  # a header claiming 1.3 PB, no data
+    (d / "text.npy").write_text("1 2 3\n")
+    (d / "obj.npy").write_bytes(b"")
+    np.save(d / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    for name, raw in (("list", "[1, 2]"), ("string", '"llama"'), ("number", "7")):
+        (d / name).mkdir()
+        (d / name / "config.json").write_text(raw)
+    cfg = json.loads(open(os.path.join(ckpt, "config.json")).read())
+    (d / "eps").mkdir()
+    (d / "eps" / "config.json").write_text(json.dumps(dict(cfg, rms_norm_eps=-1e-6)))
+    (d / "escape").mkdir()
+    (d / "escape" / "config.json").write_text(json.dumps(cfg))
+    (d / "escape" / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.layers.0.mlp.gate_proj.weight": f"../{os.path.basename(ckpt)}/model.safetensors"}}))
+    return d
+
+
+MALFORMED = {
+    "config-list": (["run", "--checkpoint", "D/list", "--layer", 0], "expected a JSON object, got list"),
+    "config-string": (["run", "--checkpoint", "D/string", "--layer", 0], "expected a JSON object, got str"),
+    "config-number": (["convert", "--checkpoint", "D/number", "--output", "D/o.safetensors"],
+                      "expected a JSON object, got int"),
+    "negative-eps": (["run", "--checkpoint", "D/eps", "--layer", 0], "expected rms_norm_eps a positive number"),
+    "index-escapes": (["run", "--checkpoint", "D/escape", "--layer", 0], "expected shard file names inside"),
+    "npz": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D/x.npz"], "expected a .npy array, got a .npz"),
+    "empty": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D/empty.npy"], "expected a .npy array, got"),
+    "huge-header": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D/huge.npy"],
+                    "expected a size that fits in memory"),
+    "text": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D/text.npy"], "expected a .npy array"),
+    "object": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D/obj.npy"], "expected a float array"),
+    "folder-input": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D"], "expected a .npy file, got"),
+    "huge-tokens": (["run", "--checkpoint", "C", "--layer", 0, "--tokens", 10 ** 13],
+                    "--tokens: expected a size that fits in memory"),
+    "huge-static-shape": (["export", "--preset", "llama-7b", "--static-shape", "100000,100000", "--output-dir",
+                           "D/out"], "--static-shape: expected a size that fits in memory"),
+    "port-0": (["run", "--checkpoint", "C", "--layer", 0, "--tp-size", 2, "--master-port", 0],
+               "--master-port: expected a port in 1..65535, got 0"),
+    "port-70000": (["run", "--checkpoint", "C", "--layer", 0, "--tp-size", 2, "--master-port", 70000],
+                   "--master-port: expected a port in 1..65535, got 70000"),
+    "repeat-0": (["run", "--checkpoint", "C", "--layer", 0, "--repeat", 0], "--repeat: expected an integer >= 1, got 0"),
+    "layers-empty": (["convert", "--checkpoint", "C", "--output", "D/o.safetensors", "--layers", ""],
+                     "--layers: expected A-B or N, got ''"),
+    "ascend-on-cpu": (["run", "--checkpoint", "C", "--layer", 0, "--backend", "ascend"],
+                      "--backend ascend: expected a backend that runs on this machine's device CPU"),
+    "bench-tokens": (["bench", "--preset", "tiny", "--tokens", -1], "--tokens: expected integers >= 1, got -1"),
+    "bench-rounds": (["bench", "--preset", "tiny", "--rounds", 0], "--rounds: expected integers >= 1, got 0"),
+    "bench-layers": (["bench", "--preset", "tiny", "--layers", 0], "--layers: expected integers >= 1, got 0"),
+    "bench-peer": (["bench", "--preset", "tiny", "--peer-python", "/nonexistent/python"],
+                   "--peer-python: expected an executable Python"),
+    "bench-choice": (["bench", "--preset", "gpt-9"], "invalid choice: 'gpt-9'"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_input_exits_2_with_one_line_before_any_work(bad_inputs, ckpt, tmp_path, case):
+    args, message = MALFORMED[case]
+    args = [ckpt if a == "C" else str(bad_inputs) if a == "D" else
+            f"{bad_inputs}/{a[2:]}" if isinstance(a, str) and a.startswith("D/") else a for a in args]
+    before = sorted(os.listdir(bad_inputs))
+    r = cli(*args, cwd=tmp_path)
+    one_line(r, 2, message)
+    assert sorted(os.listdir(bad_inputs)) == before and os.listdir(tmp_path) == []
+
+
+def test_akg_runs_with_the_inputs_static_shape_and_leaves_the_working_directory_clean(ckpt, tmp_path, tmpenv):
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((2, 3, H)).astype(np.float32))
+    (tmp_path / "cwd").mkdir()
+    r = cli("run", "--checkpoint", ckpt, "--layer", 0, "--input", tmp_path / "x.npy", "--output",
+            tmp_path / "y.npy", "--backend", "akg", cwd=tmp_path / "cwd", env=tmpenv)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r2 = cli("run", "--checkpoint", ckpt, "--layer", 0, "--input", tmp_path / "x.npy", "--output",
+             tmp_path / "z.npy", "--backend", "composite", cwd=tmp_path / "cwd", env=tmpenv)
+    assert r2.returncode == 0
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), np.load(tmp_path / "z.npy"), atol=1e-5, rtol=1e-5)
+    assert os.listdir(tmp_path / "cwd") == []  # AKG's akg_kernel_meta, dsa_transfrom.log, ... went elsewhere
+
+
+def test_an_error_after_the_progress_bar_starts_on_its_own_line(ckpt, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(ckpt, broken)
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    r = cli("convert", "--checkpoint", broken, "--output", tmp_path / "o.safetensors")
+    assert r.returncode == 2
+    last = r.stderr.splitlines()[-1]
+    assert last.startswith("ms-swiglu: error: ") and "expected tensor model.layers.1.mlp.up_proj.weight" in last
+    assert "1/3 layers" in r.stderr and not (tmp_path / "o.safetensors").exists()
+
+
+BUG = r"""
+import sys
+from ms_swiglu import cli
+cli.read_config = lambda folder: 1 / 0  # a bug inside the package
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_bug_is_shown_as_one_with_its_traceback_kept(ckpt, tmp_path, tmpenv):
+    r = subprocess.run([sys.executable, "-c", BUG, "run", "--checkpoint", ckpt, "--layer", "0"], capture_output=True,
+                       text=True, timeout=300, env=tmpenv)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and "internal error: ZeroDivisionError" in lines[0], r.stderr
+    log = lines[0].rsplit("(traceback: ", 1)[1].rstrip(")")
+    assert log.startswith(str(tmp_path / "tmp")) and "Traceback" in open(log).read()
+
+
+# ---- 5. leftovers --------------------------------------------------------------------------------------------
+
+FAILING_TP = [sys.executable, "-c", "import sys; from ms_swiglu.launch import msrun; msrun.WORKER = sys.argv[1]; "
+              "from ms_swiglu import cli; sys.exit(cli.main(sys.argv[2:]))",
+              os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_fault_worker.py")]
+
+
+def test_tp_job_folders_are_removed_or_kept_for_diagnosis_and_pruned(ckpt, tmp_path, tmpenv):
+    jobs = tmp_path / "tmp" / "ms-swiglu-tp"
+    np.save(tmp_path / "x.npy", np.ones((2, H), np.float32))
+    r = cli("run", "--checkpoint", ckpt, "--layer", 0, "--input", tmp_path / "x.npy", "--tp-size", 2, env=tmpenv)
+    assert r.returncode == 0 and os.listdir(jobs) == []  # a success leaves nothing
+    jobs.mkdir(exist_ok=True)
+    for i in range(5):  # failed jobs of ended processes, oldest first; one killed job with its input
+        old = jobs / f"20260101-00000{i}-999999{i}-x"
+        (old / "logs").mkdir(parents=True)
+        os.utime(old, (i, i))
+    (jobs / "20260101-000009-9999990-k").mkdir()
+    (jobs / "20260101-000009-9999990-k" / "input.npy").write_bytes(b"")
+    r = subprocess.run(FAILING_TP + ["run", "--checkpoint", ckpt, "--layer", "0", "--input", str(tmp_path / "x.npy"),
+                                     "--tp-size", "2"], capture_output=True, text=True, timeout=600,
+                       env=dict(tmpenv, TP_FAULT_RANK="1"))
+    one_line(r, 1, "worker 1 failed")
+    log = r.stderr.strip().rsplit("(log: ", 1)[1].rstrip(")")
+    assert log.startswith(str(jobs)) and os.path.exists(log)
+    job = os.path.basename(os.path.dirname(os.path.dirname(log)))
+    kept = [f"20260101-00000{i}-999999{i}-x" for i in (2, 3, 4)]  # the newest three earlier failed jobs
+    assert sorted(os.listdir(jobs)) == sorted(kept + [job])
+    assert not (jobs / job / "input.npy").exists()  # the input is not kept, only the logs
+
+
+def test_ctrl_c_leaves_no_job_folder(ckpt, tmp_path, tmpenv):
+    np.save(tmp_path / "x.npy", np.ones((2, H), np.float32))
+    proc = subprocess.Popen(FAILING_TP + ["run", "--checkpoint", ckpt, "--layer", "0", "--input",
+                                          str(tmp_path / "x.npy"), "--tp-size", "2"], stderr=subprocess.PIPE,
+                            text=True, env=dict(tmpenv, TP_FAULT_RANK="9"))  # both ranks wait
+    jobs = tmp_path / "tmp" / "ms-swiglu-tp"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (jobs.exists() and list(jobs.glob("*/logs/worker_1.log"))):
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert os.listdir(jobs) == []
+
+
+def test_a_killed_converts_temporaries_are_removed_by_the_next(ckpt, tmp_path):
+    stale = tmp_path / ".o.safetensors.9999991.abc.tmp"  # a dead process's
+    stale.write_bytes(b"partial")
+    live = tmp_path / f".o.safetensors.{os.getpid()}.abc.tmp"  # a running process's: kept
+    live.write_bytes(b"in progress")
+    r = cli("convert", "--checkpoint", ckpt, "--output", tmp_path / "o.safetensors", "--layers", "0")
+    assert r.returncode == 0, r.stderr
+    assert not stale.exists() and live.exists()
+    assert read_safetensors(str(tmp_path / "o.safetensors"))[1] == "float32"

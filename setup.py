@@ -15,7 +15,7 @@ def onednn_include():
 
 
 CPU = "ms_swiglu/backends/cpu/csrc"
-FLAGS = ["-O3", "-std=c++17", "-fopenmp", "-Wno-maybe-uninitialized"]
+FLAGS = ["-O3", "-std=c++17", "-Wno-maybe-uninitialized"]
 # The cpu backend's kernels: a plain shared library loaded by MindSpore's Custom(func_type="aot"); built as an
 # Extension so that `pip install .` and `pip install -e .` compile it.
 kernels = Extension(
@@ -24,12 +24,12 @@ kernels = Extension(
     depends=glob.glob(f"{CPU}/*.h") + glob.glob(f"{CPU}/*.inc") + ["pyproject.toml"],
     include_dirs=[onednn_include()],
     language="c++",
-    extra_compile_args=FLAGS,
-    extra_link_args=["-fopenmp", "-ldl"],
+    extra_compile_args=FLAGS + ["-pthread"],  # its own thread pool (csrc/pool.cc), no OpenMP
+    extra_link_args=["-pthread", "-ldl"],
 )
 # The benchmarks' bandwidth probes (not part of the kernels).
 probes = Extension("ms_swiglu.tools._probes", sources=["tools/csrc/probes.cc"], language="c++",
-                   extra_compile_args=FLAGS, extra_link_args=["-fopenmp"])
+                   extra_compile_args=FLAGS + ["-fopenmp"], extra_link_args=["-fopenmp"])
 
 setup(
     name="ms_swiglu",

@@ -58,12 +58,13 @@ class FFNBlock(nn.Cell):
         self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype)
         self.mlp = mlp or PackedSwiGLUMLP(hidden_size, intermediate_size, dtype=dtype, backend=backend)
         self.recompute_mode = recompute
-        backend = self.mlp.backend
-        if recompute != "none" and not backend.recomputable:
+        backend = getattr(self.mlp, "backend", None)  # the unpacked baseline has none: it recomputes nothing
+        if recompute != "none" and not (backend and backend.recomputable):
             able = ", ".join(name for name in backends.REGISTRY if backends.get(name).recomputable)
+            name = backend.name if backend else "none"
             raise InputError(f"recompute={recompute!r}: expected a backend MindSpore can recompute ({able}), got "
-                             f"{backend.name} (graph-mode recompute does not re-run aot Custom ops; the cpu backend "
-                             f"never stores [T, 2I]: its backward recomputes the gate/up GEMM)")
+                             f"{name} (graph-mode recompute does not re-run aot Custom ops; the cpu backend never "
+                             f"stores [T, 2I]: its backward recomputes the gate/up GEMM)")
         acts = [cell for _, cell in self.cells_and_names() if isinstance(cell, SwiGLUOp)]
         if recompute == "full":
             self.recompute()

@@ -9,33 +9,78 @@ CLI = [os.path.join(os.path.dirname(sys.executable), "ms-swiglu")]
 
 def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path):
     r = subprocess.run(CLI + ["bench", "--preset", "tiny", "--tokens", "1", "4", "--rounds", "2", "--memory",
-                              "--layers", "2", "--jit", "O0", "O1", "--dtype", "float32", "bfloat16", "--json", str(tmp_path / "b.json"), "--plot",
-                              str(tmp_path / "b.png")], capture_output=True, text=True, timeout=900)
+                              "--layers", "2", "--model-blocks", "2", "--jit", "O0", "O1", "--dtype", "float32",
+                              "bfloat16", "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")],
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["read_gbps"] > 0 and data["rw_gbps"] > 0 and data["args"]["layers"] == 2
+    assert data["peaks_gflops"]["fma_float32"] > 0 and data["disturbed_above"] == 0.05
     # both dtypes interleaved at each token count
     assert [(c["tokens"], c["dtype"]) for c in data["results"]] == [
         (1, "float32"), (1, "bfloat16"), (4, "float32"), (4, "bfloat16")]
     for cell in data["results"]:
-        assert set(cell["gemm_ceiling_gflops"]) == {"mindspore", "numpy"}
+        # each dtype has its own GEMM ceilings: the library's in that dtype, MindSpore's and NumPy's in float32
+        extra = {"mindspore", "numpy"} if cell["dtype"] == "float32" else set()
+        assert set(cell["gemm_ceiling_gflops"]) == {"library"} | extra
+        peak = data["peaks_gflops"]["amx_bfloat16" if cell["dtype"] == "bfloat16" else "fma_float32"]
+        assert cell["peak_gflops"] == (peak or data["peaks_gflops"]["fma_float32"])
+        dist = cell["disturbance"]  # the same rounds for every dtype of one N
+        assert set(dist) == {"other_cpu_s", "steal_s", "wall_s", "fraction", "attempts", "flagged"}
+        assert dist["wall_s"] > 0 and 1 <= dist["attempts"] <= 3 and dist["flagged"] == (dist["fraction"] > 0.05)
         read = cell["read_gbps_in_rounds"]  # N=1: the read probe interleaved with the variants
         assert (read is not None) == (cell["tokens"] == 1)
         if read:
             assert read["best"] >= read["median"] > 0
-        assert len(cell["variants"]) == 8  # 4 variants x (O0, O1)
-        for key, e in cell["variants"].items():
-            assert e["median_s"] > 0 and e["gflops"] > 0 and e["activation_bytes"] > 0
-            assert ("peak_added_bytes" in e) == key.endswith("/O0")
-            assert ("weight_gbps" in e) == (cell["tokens"] == 1)
-            assert e["fraction_of_ceiling"] > 0 and e["fraction_of_ceiling_min"] > 0
-            assert e["speedup_vs_baseline"] > 0 and e["speedup_vs_float32"] > 0
-            if cell["dtype"] == "float32":
-                assert e["speedup_vs_float32"] == 1.0
+        assert len(cell["variants"]) == 8 and len(cell["in_model"]) == 8  # 4 variants x (O0, O1), alone and in a model
+        for where in ("variants", "in_model"):
+            for key, e in cell[where].items():
+                assert e["median_s"] > 0 and e["gflops"] > 0 and e["activation_bytes"] > 0
+                assert ("peak_added_bytes" in e) == (key.endswith("/O0") and where == "variants")
+                assert ("per_block_ms" in e) == (where == "in_model")
+                assert ("weight_gbps" in e) == (cell["tokens"] == 1)
+                assert e["fraction_of_ceiling"] > 0 and e["fraction_of_ceiling_min"] > 0
+                assert 0 < e["fraction_of_peak"] == e["gflops"] / cell["peak_gflops"]
+                assert e["speedup_vs_baseline"] > 0 and e["speedup_vs_float32"] > 0
+                if cell["dtype"] == "float32":
+                    assert e["speedup_vs_float32"] == 1.0
     fused, base = (data["results"][2]["variants"][k]["activation_bytes"] for k in ("packed-cpu/O0", "baseline/O0"))
     assert fused < base
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "GEMM ceiling" in r.stdout and "bench [" in r.stderr and "in the same rounds" in r.stdout
+    assert "disturbance" in r.stdout and "in model" in r.stdout
+
+
+def test_disturbance_is_the_cpu_time_of_other_processes_and_steal():
+    from ms_swiglu.tools.timing import CPUClock
+
+    clock = CPUClock()
+    clock.hz, clock.cpus = 100, 2
+    # (wall s, busy ticks of the machine, steal ticks, ticks of the watched processes)
+    d = clock.disturbance((10.0, 1000, 5, 400), (11.0, 1150, 15, 480))
+    assert d["other_cpu_s"] == (150 - 80) / 100 and d["steal_s"] == 10 / 100 and d["wall_s"] == 1.0
+    assert d["fraction"] == (0.7 + 0.1) / (1.0 * 2)
+    assert clock.disturbance((0.0, 0, 0, 0), (1.0, 10, 0, 50))["other_cpu_s"] == 0  # own time is never "other"
+
+
+def test_a_busy_neighbour_flags_the_rounds_and_they_are_retried():
+    import time
+
+    from ms_swiglu.tools.timing import DISTURBED, watched
+
+    variants = {"a": lambda: time.sleep(0.02), "b": lambda: time.sleep(0.02)}
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # one core of two, busy all the time
+    try:
+        time.sleep(0.3)
+        stats, dist = watched(variants, rounds=10, retries=1, warmup=1)
+        assert set(stats) == {"a", "b"} and dist["attempts"] == 2 and dist["flagged"]
+        assert dist["fraction"] > 0.3 > DISTURBED and dist["other_cpu_s"] > 0.2
+        # the same neighbour, watched as one of ours (the torch peer is): no longer a disturbance
+        _, own = watched(variants, rounds=10, pids=[busy.pid], retries=0, warmup=1)
+        assert own["fraction"] < dist["fraction"] - 0.3 and own["attempts"] == 1
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def test_bandwidth_probes_compute_what_they_read():

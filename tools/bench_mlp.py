@@ -44,8 +44,8 @@ from ms_swiglu.outputs import OutputSet, check_writable
 from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import progress
 from ms_swiglu.runner import check_fits
-from ms_swiglu.tools.probes import add, read_sum
-from ms_swiglu.tools.timing import interleave, probe_process, proc_status, reset_peak_memory, write_json
+from ms_swiglu.tools.probes import add, peaks, read_sum
+from ms_swiglu.tools.timing import DISTURBED, interleave, probe_process, proc_status, reset_peak_memory, watched, write_json
 
 SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -67,21 +67,25 @@ def activation_bytes(backend, n, hidden, inter, dtype):
     return backend.activation_bytes(n, hidden, inter, SIZE[dtype])
 
 
-def _build(variant, hidden, inter, dtype, jit, layers=1):
+def _build(variant, hidden, inter, dtype, jit, layers=1, blocks=0):
     """The variant as a chain of `layers` MLPs with distinct weights (layers > 1: weights larger than the
-    L3 cache, as in a real model, where no layer's weights are still cached when it runs again)."""
+    L3 cache, as in a real model, where no layer's weights are still cached when it runs again); with `blocks`,
+    instead a stack of that many FFN blocks (RMSNorm -> MLP -> residual), as the MLP runs in a decoder."""
     import mindspore as ms  # noqa: PLC0415
     from mindspore import nn  # noqa: PLC0415
 
-    from ms_swiglu import SwiGLUMLP, to_packed  # noqa: PLC0415
+    from ms_swiglu import FFNBlock, FFNStack, SwiGLUMLP, to_packed  # noqa: PLC0415
 
     backend = variants()[variant]
     mlps = []
-    for seed in range(layers):
+    for seed in range(blocks or layers):
         ms.set_seed(seed)
         base = SwiGLUMLP(hidden, inter, dtype=dtype)
         mlps.append(base if backend is None else to_packed(base, backend=backend))
-    net = mlps[0] if layers == 1 else nn.SequentialCell(mlps)
+    if blocks:
+        net = FFNStack([FFNBlock(hidden, inter, dtype=getattr(ms, dtype), mlp=mlp) for mlp in mlps])
+    else:
+        net = mlps[0] if layers == 1 else nn.SequentialCell(mlps)
     if jit == "O1":
         net.set_jit_config(ms.JitConfig(jit_level="O1"))
     if backend is None or backend.dynamic_shapes:
@@ -121,11 +125,23 @@ def bandwidth(rounds=5):
 READ_PROBE_FLOATS = 256 * 2**20  # 1 GiB: 3.4x the 300 MiB L3 here
 
 
-def ceiling_calls(hidden, inter):
-    """A factory of the ceiling probes at N tokens: [N,H]x[H,2I] in float32 by MindSpore's MatMul and by NumPy;
-    at N=1 also the streaming read of 1 GiB, so the decode fraction compares calls from the same rounds."""
+def as_dtype(x32, dtype):
+    """A float32 NumPy array in ``dtype`` as the library takes it (bfloat16 as uint16 bits, rounded to nearest)."""
+    if dtype == "bfloat16":
+        bits = x32.view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return x32.astype(dtype)
+
+
+def ceiling_calls(hidden, inter, dtypes, peers):
+    """A factory of the ceiling probes at N tokens, interleaved with the variants: per dtype the GEMM
+    [N,H]x[H,2I] by the package's library (its oneDNN or skinny path, no epilogue) and by PyTorch's peer (its
+    oneDNN, when there is a peer); in float32 also by MindSpore's MatMul and NumPy; at N=1 the streaming read of
+    1 GiB, so that the decode fraction compares calls from the same rounds."""
     import mindspore as ms  # noqa: PLC0415
     from mindspore import nn, ops  # noqa: PLC0415
+
+    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
 
     class MatMul(nn.Cell):
         def __init__(self, w):
@@ -135,16 +151,27 @@ def ceiling_calls(hidden, inter):
         def construct(self, x):
             return self.mm(x, self.w)
 
-    w = np.random.default_rng(0).standard_normal((2 * inter, hidden)).astype(np.float32)
-    cell, wt = MatMul(w), np.ascontiguousarray(w.T)
-
+    w32 = np.random.default_rng(0).standard_normal((2 * inter, hidden)).astype(np.float32)
+    ws = {d: as_dtype(w32, d) for d in dtypes}
+    cell, wt = (MatMul(w32), np.ascontiguousarray(w32.T)) if "float32" in dtypes else (None, None)
     big = None  # the read probe's 1 GiB, allocated at the first N=1
+
+    def library(x, w, out, dtype):
+        return lambda: kernels.linear(x, w, out, dtype)
 
     def calls(n):
         nonlocal big
-        x = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
-        xt = ms.Tensor(x)
-        probes = {"ceiling/mindspore": lambda: cell(xt), "ceiling/numpy": lambda: x @ wt}
+        x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
+        probes = {}
+        for d in dtypes:
+            x, out = as_dtype(x32, d), as_dtype(np.empty((n, 2 * inter), np.float32), d)
+            probes[f"ceiling/library/{d}"] = library(x, ws[d], out, d)
+            if d in peers:
+                probes[f"ceiling/torch/{d}"] = peers[d].gemm
+        if cell is not None:
+            xt = ms.Tensor(x32)
+            probes["ceiling/mindspore/float32"] = lambda: cell(xt)
+            probes["ceiling/numpy/float32"] = lambda: x32 @ wt
         if n == 1:
             big = np.ones(READ_PROBE_FLOATS, np.float32) if big is None else big
             probes["read/omp"] = lambda: read_sum(big)
@@ -176,13 +203,14 @@ def _memory(variant, hidden, inter, dtype, n):
 
 
 class TorchPeer:
-    """tools/torch_peer.py under another interpreter; ``tokens(n)`` then ``run()`` one forward per call."""
+    """tools/torch_peer.py under another interpreter; ``tokens(n)``, then ``run()`` (the MLP layers), ``model()``
+    (the FFN blocks) or ``gemm()`` (one [N,H]x[H,2I] matmul) per call."""
 
-    def __init__(self, python, hidden, inter, dtype, layers):
+    def __init__(self, python, hidden, inter, dtype, layers, blocks=0):
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer.py")
         # MindSpore setenv()s OMP_NUM_THREADS=1 in C, which a child would inherit: give the peer every core
         env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count()))
-        self.proc = subprocess.Popen([python, "-I", script, str(hidden), str(inter), dtype, str(layers)],
+        self.proc = subprocess.Popen([python, "-I", script, str(hidden), str(inter), dtype, str(layers), str(blocks)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.banner = self._ask(None)
 
@@ -201,9 +229,21 @@ class TorchPeer:
     def run(self):
         self._ask("run")
 
+    def model(self):
+        self._ask("model")
+
+    def gemm(self):
+        self._ask("gemm")
+
     def close(self):
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+def peak_for(dtype, peaks):
+    """The compute peak a dtype's GEMM can reach here: AMX for bfloat16 (where the CPU has it), else the float32
+    FMA peak (float16 runs as float32 FMAs over widened weights)."""
+    return peaks["amx_bfloat16"] if dtype == "bfloat16" and peaks["amx_bfloat16"] else peaks["fma_float32"]
 
 
 def run(args):
@@ -212,82 +252,122 @@ def run(args):
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     read_bw, rw_bw = bandwidth()
-    print(f"ceilings: read {read_bw:.1f} GB/s, 2-read-1-write {rw_bw:.1f} GB/s (best of NumPy and OpenMP probes)")
+    peaks = probe_peaks()
+    print(f"ceilings: read {read_bw:.1f} GB/s, 2-read-1-write {rw_bw:.1f} GB/s (best of NumPy and OpenMP probes); "
+          f"peaks: FMA float32 {peaks['fma_float32']:.0f} GFLOP/s, AMX bfloat16 "
+          f"{peaks['amx_bfloat16'] or 0:.0f} GFLOP/s (in-register loops)")
     results, total, done = [], len(args.preset) * len(args.tokens), 0
+    kinds = ("mlp", "model") if args.model_blocks else ("mlp",)
     for preset in args.preset:
         hidden, inter = PRESETS[preset]
-        nets = {(v, j, d): _build(v, hidden, inter, d, j, args.layers) for d in args.dtype for v in args.variants
-                for j in args.jit}
-        ceiling = ceiling_calls(hidden, inter)
-        peers = {("peer-torch", "eager", d): TorchPeer(args.peer_python, hidden, inter, d, args.layers)
+        nets = {(v, j, d, k): _build(v, hidden, inter, d, j, args.layers, args.model_blocks if k == "model" else 0)
+                for d in args.dtype for v in args.variants for j in args.jit for k in kinds}
+        peers = {d: TorchPeer(args.peer_python, hidden, inter, d, args.layers, args.model_blocks)
                  for d in args.dtype} if args.peer_python else {}
+        ceiling = ceiling_calls(hidden, inter, args.dtype, peers)
         for peer in peers.values():
             print(f"peer: {peer.banner}")
         for n in args.tokens:
             x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
             xs = {d: ms.Tensor(x32).astype(getattr(ms, d)) for d in args.dtype}
-            calls = {f"{v}/{j}/{d}": (lambda net=net, x=xs[d]: net(x)) for (v, j, d), net in nets.items()}
-            for (v, j, d), peer in peers.items():
+            calls = {(v, j, d, k): (lambda net=net, x=xs[d]: net(x)) for (v, j, d, k), net in nets.items()}
+            for d, peer in peers.items():
                 peer.tokens(n)
-                calls[f"{v}/{j}/{d}"] = peer.run
-            stats = interleave({**calls, **ceiling(n)}, args.rounds)
-            gemm_flops = 4 * n * hidden * inter
-            ceil = {k.split("/")[1]: gemm_flops / st["min_s"] / 1e9 for k, st in stats.items() if k.startswith("ceil")}
-            ceil_median = max(gemm_flops / st["median_s"] / 1e9 for k, st in stats.items() if k.startswith("ceil"))
-            best_gemm = max(ceil.values())
-            read = stats.get("read/omp")  # N=1: the read probe from the same rounds
-            read_loop = {"median": 4 * READ_PROBE_FLOATS / read["median_s"] / 1e9,
-                         "best": 4 * READ_PROBE_FLOATS / read["min_s"] / 1e9} if read else None
+                calls[("peer-torch", "eager", d, "mlp")] = peer.run
+                if args.model_blocks:
+                    calls[("peer-torch", "eager", d, "model")] = peer.model
+            named = {"/".join(key): call for key, call in calls.items()}
+            stats, disturbance = watched({**named, **ceiling(n)}, args.rounds,
+                                         pids=[p.proc.pid for p in peers.values()], retries=args.retries)
             for dtype in args.dtype:
-                flops = 6 * n * hidden * inter * args.layers
-                weight_bytes = 3 * hidden * inter * SIZE[dtype] * args.layers
-                cell = {"preset": preset, "dtype": dtype, "tokens": n, "hidden": hidden, "inter": inter,
-                        "gemm_ceiling_gflops": ceil, "gemm_ceiling_median_gflops": ceil_median, "read_gbps": read_bw,
-                        "rw_gbps": rw_bw, "read_gbps_in_rounds": read_loop, "variants": {}}
-                base = stats.get(f"baseline/{args.jit[0]}/{dtype}")
-                for (v, j, d) in [*nets, *peers]:
-                    if d != dtype:
-                        continue
-                    st, f32 = stats[f"{v}/{j}/{d}"], stats.get(f"{v}/{j}/float32")
-                    gflops = flops / st["median_s"] / 1e9
-                    entry = dict(st, gflops=gflops, activation_bytes=activation_bytes(variants().get(v), n, hidden, inter,
-                                                                                  dtype),
-                                 speedup_vs_baseline=base["median_s"] / st["median_s"] if base else None,
-                                 speedup_vs_float32=f32["median_s"] / st["median_s"] if f32 else None)
-                    if n == 1:  # median against the probe's median in the same rounds, best against best
-                        entry["weight_gbps"] = weight_bytes / st["median_s"] / 1e9
-                        entry["fraction_of_ceiling"] = entry["weight_gbps"] / read_loop["median"]
-                        entry["fraction_of_ceiling_min"] = weight_bytes / st["min_s"] / 1e9 / read_loop["best"]
-                    else:  # median against the ceiling's median, and the best call against the best ceiling
-                        entry["fraction_of_ceiling"] = gflops / ceil_median
-                        entry["fraction_of_ceiling_min"] = flops / st["min_s"] / 1e9 / best_gemm
-                    if args.memory and j == args.jit[0]:
-                        entry["peak_added_bytes"] = _memory(v, hidden, inter, dtype, n)
-                    cell["variants"][f"{v}/{j}"] = entry
+                cell = _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, list(calls))
                 results.append(cell)
                 _print_cell(cell)
             done += 1
             progress("bench", done, total, "token counts")
         for peer in peers.values():
             peer.close()
-    return {"read_gbps": read_bw, "rw_gbps": rw_bw, "results": results}
+    return {"read_gbps": read_bw, "rw_gbps": rw_bw, "peaks_gflops": peaks, "disturbed_above": DISTURBED,
+            "results": results}
+
+
+def _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, keys):
+    """One (preset, dtype, N) of the report from the interleaved rounds' ``stats``."""
+    hidden, inter = PRESETS[preset]
+    gemm_flops = 4 * n * hidden * inter
+    ceil = {k.split("/")[1]: gemm_flops / st["min_s"] / 1e9 for k, st in stats.items()
+            if k.startswith("ceiling/") and k.endswith("/" + dtype)}
+    ceil_median = max(gemm_flops / st["median_s"] / 1e9 for k, st in stats.items()
+                      if k.startswith("ceiling/") and k.endswith("/" + dtype))
+    best_gemm, peak = max(ceil.values()), peak_for(dtype, peaks)
+    read = stats.get("read/omp")  # N=1: the read probe from the same rounds
+    read_loop = {"median": 4 * READ_PROBE_FLOATS / read["median_s"] / 1e9,
+                 "best": 4 * READ_PROBE_FLOATS / read["min_s"] / 1e9} if read else None
+    cell = {"preset": preset, "dtype": dtype, "tokens": n, "hidden": hidden, "inter": inter,
+            "gemm_ceiling_gflops": ceil, "gemm_ceiling_median_gflops": ceil_median, "peak_gflops": peak,
+            "read_gbps": read_bw, "rw_gbps": rw_bw, "read_gbps_in_rounds": read_loop, "disturbance": disturbance,
+            "variants": {}, "in_model": {}}
+    for (v, j, d, kind) in keys:
+        if d != dtype:
+            continue
+        depth = args.model_blocks if kind == "model" else args.layers
+        st = stats[f"{v}/{j}/{d}/{kind}"]
+        base = stats.get(f"baseline/{args.jit[0]}/{d}/{kind}")
+        f32 = stats.get(f"{v}/{j}/float32/{kind}")
+        flops = 6 * n * hidden * inter * depth
+        gflops = flops / st["median_s"] / 1e9
+        entry = dict(st, gflops=gflops, activation_bytes=activation_bytes(variants().get(v), n, hidden, inter, d),
+                     speedup_vs_baseline=base["median_s"] / st["median_s"] if base else None,
+                     speedup_vs_float32=f32["median_s"] / st["median_s"] if f32 else None,
+                     fraction_of_peak=gflops / peak)
+        if n == 1:  # median against the probe's median in the same rounds, best against best
+            weight_bytes = 3 * hidden * inter * SIZE[d] * depth
+            entry["weight_gbps"] = weight_bytes / st["median_s"] / 1e9
+            entry["fraction_of_ceiling"] = entry["weight_gbps"] / read_loop["median"]
+            entry["fraction_of_ceiling_min"] = weight_bytes / st["min_s"] / 1e9 / read_loop["best"]
+        else:  # median against the ceiling's median, and the best call against the best ceiling
+            entry["fraction_of_ceiling"] = gflops / ceil_median
+            entry["fraction_of_ceiling_min"] = flops / st["min_s"] / 1e9 / best_gemm
+        if kind == "model":
+            entry["per_block_ms"] = st["median_s"] * 1e3 / depth
+            cell["in_model"][f"{v}/{j}"] = entry
+        else:
+            if args.memory and j == args.jit[0] and v in variants():
+                entry["peak_added_bytes"] = _memory(v, hidden, inter, d, n)
+            cell["variants"][f"{v}/{j}"] = entry
+    return cell
+
+
+def probe_peaks():
+    """The machine's FMA / AMX peaks (tools/probes.py), measured in a fresh process: the AMX permission and the
+    probe's threads stay out of this one."""
+    import json  # noqa: PLC0415
+
+    return json.loads(probe_process("ms_swiglu.tools.bench_mlp", ["peaks"], "compute peak probe", timeout=300))
 
 
 def _print_cell(cell):
     ceil = cell["gemm_ceiling_gflops"]
     read = cell["read_gbps_in_rounds"]
     read = f"; read {read['median']:.1f} GB/s (best {read['best']:.1f}) in the same rounds" if read else ""
-    print(f"\n{cell['preset']} {cell['dtype']} N={cell['tokens']}: GEMM ceiling MindSpore {ceil['mindspore']:.0f}, "
-          f"NumPy {ceil['numpy']:.0f} GFLOP/s{read}")
-    print(f"  {'variant':<24} {'median ms':>10} {'min ms':>9} {'spread':>7} {'GFLOP/s':>8} {'vs base':>8} "
-          f"{'vs f32':>7} {'of ceil':>8} {'act MB':>8} {'peak MB':>8}")
-    for key, e in cell["variants"].items():
+    dist = cell["disturbance"]
+    flag = "  DISTURBED: the ratios below are not reliable" if dist["flagged"] else ""
+    gemms = ", ".join(f"{k} {v:.0f}" for k, v in ceil.items())
+    print(f"\n{cell['preset']} {cell['dtype']} N={cell['tokens']}: GEMM ceiling {gemms} GFLOP/s, peak "
+          f"{cell['peak_gflops']:.0f}{read}\n  disturbance {dist['fraction']:.1%} of the CPU time (other processes "
+          f"{dist['other_cpu_s']:.2f} s, steal {dist['steal_s']:.2f} s over {dist['wall_s']:.1f} s; attempt "
+          f"{dist['attempts']}){flag}")
+    print(f"  {'variant':<28} {'median ms':>10} {'min ms':>9} {'spread':>7} {'GFLOP/s':>8} {'vs base':>8} "
+          f"{'vs f32':>7} {'of ceil':>8} {'of peak':>8} {'act MB':>8} {'peak MB':>8}")
+    rows = [(k, e) for k, e in cell["variants"].items()]
+    rows += [(f"{k} in model", e) for k, e in cell["in_model"].items()]
+    for key, e in rows:
         peak = f"{e['peak_added_bytes'] / 2**20:8.1f}" if "peak_added_bytes" in e else f"{'-':>8}"
         vs = f"{e['speedup_vs_baseline']:7.2f}x" if e["speedup_vs_baseline"] else f"{'-':>8}"
         vf = f"{e['speedup_vs_float32']:6.2f}x" if e["speedup_vs_float32"] else f"{'-':>7}"
-        print(f"  {key:<24} {e['median_s'] * 1e3:10.2f} {e['min_s'] * 1e3:9.2f} {e['spread']:7.2f} "
-              f"{e['gflops']:8.1f} {vs} {vf} {e['fraction_of_ceiling']:8.0%} {e['activation_bytes'] / 2**20:8.1f} {peak}",
-              flush=True)
+        print(f"  {key:<28} {e['median_s'] * 1e3:10.2f} {e['min_s'] * 1e3:9.2f} {e['spread']:7.2f} "
+              f"{e['gflops']:8.1f} {vs} {vf} {e['fraction_of_ceiling']:8.0%} {e['fraction_of_peak']:8.1%} "
+              f"{e['activation_bytes'] / 2**20:8.1f} {peak}", flush=True)
 
 
 def plot(data, path, force=False):
@@ -295,6 +375,7 @@ def plot(data, path, force=False):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.ticker import FixedFormatter, FixedLocator, NullLocator  # noqa: PLC0415
 
     groups = sorted({(c["preset"], c["dtype"]) for c in data["results"]})
     fig, axes = plt.subplots(len(groups), 2, figsize=(12, 4 * len(groups)), squeeze=False)
@@ -308,11 +389,19 @@ def plot(data, path, force=False):
             if "peak_added_bytes" in cells[0]["variants"][key]:
                 axes[row][1].plot(ns, [c["variants"][key]["peak_added_bytes"] / 2**20 for c in cells], ls="--",
                                   marker="x", label=key + " (peak added)")
+        for key in cells[0]["in_model"]:
+            axes[row][0].plot(ns, [c["in_model"][key]["gflops"] for c in cells], ls=":", marker="s",
+                              label=key + " in a model")
         axes[row][0].plot(ns, [max(c["gemm_ceiling_gflops"].values()) for c in cells], "k--", label="GEMM ceiling")
-        axes[row][0].set(xscale="log", xlabel="tokens N", ylabel="GFLOP/s", title=f"{preset} {dtype}: throughput")
+        axes[row][0].plot(ns, [c["peak_gflops"] for c in cells], "k:", label="compute peak")
+        axes[row][0].set(xscale="log", yscale="log", xlabel="tokens N", ylabel="GFLOP/s",
+                         title=f"{preset} {dtype}: throughput")
         axes[row][1].set(xscale="log", yscale="log", xlabel="tokens N", ylabel="MiB", title="memory")
-        axes[row][0].legend(fontsize=7)
-        axes[row][1].legend(fontsize=7)
+        for ax in axes[row]:  # ticks at the measured N only: log-scale minor labels overlap
+            ax.xaxis.set_major_locator(FixedLocator(ns))
+            ax.xaxis.set_major_formatter(FixedFormatter([str(n) for n in ns]))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.legend(fontsize=7)
     fig.tight_layout()
     with OutputSet([path], force) as out:
         out.write(out.paths[0], lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
@@ -321,6 +410,11 @@ def plot(data, path, force=False):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["--probe", "peaks"]:
+        import json  # noqa: PLC0415
+
+        print(json.dumps(peaks()))
+        return 0
     if argv and argv[0] == "--probe":
         variant, hidden, inter, dtype, n = argv[1:]
         print(memory_probe(variant, int(hidden), int(inter), dtype, int(n)))
@@ -334,6 +428,10 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--layers", type=int, default=1,
                         help="chain this many MLPs with distinct weights per call (> 1: cold caches, as in a model)")
+    parser.add_argument("--model-blocks", type=int, default=0,
+                        help="also time each variant in a model: this many FFN blocks (RMSNorm -> MLP -> residual)")
+    parser.add_argument("--retries", type=int, default=2,
+                        help=f"re-run a token count this often while other processes take > {DISTURBED:.0%} of the CPU")
     parser.add_argument("--peer-python", help="an interpreter with torch: adds HF LlamaMLP in PyTorch as a peer")
     parser.add_argument("--memory", action="store_true", help="peak memory per variant, each in its own process")
     parser.add_argument("--json")
@@ -356,18 +454,20 @@ def main(argv=None):
 
 def _check(args):
     """Every argument before any work: counts, the peer, the outputs, and the weights against the memory."""
-    for name in ("tokens", "rounds", "layers"):
+    for name, low in (("tokens", 1), ("rounds", 1), ("layers", 1), ("model_blocks", 0), ("retries", 0)):
         values = getattr(args, name)
         for value in values if isinstance(values, list) else [values]:
-            if value < 1:
-                raise InputError(f"--{name}: expected integers >= 1, got {value}")
+            if value < low:
+                raise InputError(f"--{name.replace('_', '-')}: expected integers >= {low}, got {value}")
     if args.peer_python and not (os.path.isfile(args.peer_python) and os.access(args.peer_python, os.X_OK)):
         raise InputError(f"--peer-python: expected an executable Python, got {args.peer_python!r}")
     for path in (args.json, args.plot):
         if path:
             check_writable(path, args.force)
     hidden, inter = max(PRESETS[p] for p in args.preset)
-    weights = 3 * hidden * inter * 4 * args.layers * (len(args.variants) * len(args.jit) + 1) * len(args.dtype)
+    depth = args.layers + args.model_blocks  # MLPs per variant and dtype; the peer holds as many, the ceiling one
+    per_dtype = 3 * hidden * inter * depth * (len(args.variants) * len(args.jit) + bool(args.peer_python))
+    weights = sum(SIZE[d] * (per_dtype + 2 * hidden * inter * (1 + bool(args.peer_python))) for d in args.dtype)
     check_fits("bench", weights + 4 * max(args.tokens) * (2 * hidden + 3 * inter) * 3)
 
 

@@ -17,6 +17,9 @@ def _lib():
     lib.probe_read.restype = ctypes.c_double
     lib.probe_read.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64]
     lib.probe_add.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    for name in ("probe_fma_peak", "probe_amx_peak"):
+        getattr(lib, name).restype = ctypes.c_double
+        getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_int64]
     return lib
 
 
@@ -32,3 +35,17 @@ def read_sum(x, isa="best"):
 def add(a, b, out):
     """out = a + b over contiguous float32 arrays, in parallel."""
     _lib().probe_add(a.ctypes.data, b.ctypes.data, out.ctypes.data, out.size)
+
+
+def peaks(threads=None, seconds=0.2):
+    """The machine's compute peaks in GFLOP/s, from in-register loops on ``threads`` threads (default: every CPU
+    this process may use): ``{"fma_float32": ..., "amx_bfloat16": ... or None}`` (None: no AMX here)."""
+    threads = threads or len(os.sched_getaffinity(0))
+    out = {}
+    for key, fn, flops_per_iteration in (("fma_float32", _lib().probe_fma_peak, 12 * 16 * 2),
+                                         ("amx_bfloat16", _lib().probe_amx_peak, 6 * 16 * 16 * 32 * 2)):
+        fn(threads, 1000)  # warm up (and the AMX permission)
+        iterations = max(1000, int(seconds * 2e12 / flops_per_iteration / threads))
+        best = max(fn(threads, iterations) for _ in range(3))
+        out[key] = best / 1e9 if best > 0 else None
+    return out

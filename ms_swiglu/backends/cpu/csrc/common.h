@@ -1,10 +1,10 @@
 // Shared by the kernels of the cpu backend: 16-bit float types, dtypes by name, and the per-ISA kernel tables.
 #pragma once
 
-#include <omp.h>
-
 #include <cstdint>
 #include <cstring>
+
+#include "pool.h"
 
 namespace msw {
 
@@ -68,12 +68,12 @@ template <typename Body>
 void for_tiles(int64_t rows, int64_t inter, const Body &body) {
   constexpr int64_t kBlock = 4096, kSerial = 1 << 15;
   const int64_t blocks = (inter + kBlock - 1) / kBlock, tiles = rows * blocks;
-  const bool parallel = rows * inter >= kSerial && omp_get_max_threads() > 1;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t r = t / blocks, c0 = (t % blocks) * kBlock;
-    body(r, c0, c0 + kBlock < inter ? c0 + kBlock : inter);
-  }
+  parallel_ranges(tiles, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / blocks, c0 = (t % blocks) * kBlock;
+      body(r, c0, c0 + kBlock < inter ? c0 + kBlock : inter);
+    }
+  }, rows * inter >= kSerial ? 1 : tiles + 1);
 }
 
 // Weight rows the skinny kernel reads at once (one register tile, one read stream each): more streams per thread

@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "onednn.h"
+#include "pool.h"
 
 namespace msw {
 
@@ -31,6 +32,8 @@ constexpr int64_t kSwapExpert[kDtypes][2] = {{9, 192}, {1, 0}, {5, 192}};
 constexpr int64_t kBlockRows = 1024;
 // Rows of the skinny kernel's output block per thread step (linear, gate_up_swiglu).
 constexpr int64_t kSkinnyRows = 64, kSkinnyCols = 32;
+// Elements below which a widening pass runs in the calling thread alone (waking the pool costs more).
+constexpr int64_t kSerialElements = 1 << 15;
 
 std::atomic<int> g_forced{-1};
 
@@ -53,15 +56,13 @@ struct Op {
 
 // y[t, ldy * t + j0 + j] (dtype) = ct[j * n + t], j < cols: a swapped GEMM's block transposed back, rounded once.
 void store_transposed(const Op &op, const float *ct, int64_t cols, void *y, int64_t ldy, int64_t j0) {
-#pragma omp parallel
-  {
+  parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
     std::vector<float> row(cols);
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < op.n; ++t) {
+    for (int64_t t = t0; t < t1; ++t) {
       for (int64_t j = 0; j < cols; ++j) row[j] = ct[j * op.n + t];
       op.ik->from_float[op.yd](row.data(), static_cast<char *>(y) + (t * ldy + j0) * op.yes(), cols);
     }
-  }
+  });
 }
 
 // c = (x w_rows^T) [n, rows] into c (ldc), or swapped, c^T = w_rows x^T [rows, n]; float32.
@@ -78,8 +79,9 @@ bool run(const Linear &call, const Body &body) {
   std::vector<float> xf;
   if (op.d != kF32 && (op.path == kSkinny || (op.path == kOnednn && op.d == kF16))) {
     xf.resize(op.n * op.k);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < op.n; ++t) op.ik->to_float[op.d](op.row(op.x, t), xf.data() + t * op.k, op.k);
+    parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) op.ik->to_float[op.d](op.row(op.x, t), xf.data() + t * op.k, op.k);
+    }, kSerialElements / std::max<int64_t>(op.k, 1));
   }
   op.xf = op.d == kF32 ? static_cast<const float *>(op.x) : xf.data();
   return body(op);
@@ -134,11 +136,9 @@ bool linear(const Linear &call, const void *w, int64_t m, void *y) {
       }
       return true;
     }
-#pragma omp parallel
-    {
+    parallel_ranges((m + kSkinnyRows - 1) / kSkinnyRows, [&](int64_t b0, int64_t b1) {
       std::vector<float> c(op.n * kSkinnyRows);
-#pragma omp for schedule(static)
-      for (int64_t j0 = 0; j0 < m; j0 += kSkinnyRows) {
+      for (int64_t j0 = b0 * kSkinnyRows; j0 < std::min(m, b1 * kSkinnyRows); j0 += kSkinnyRows) {
         const int64_t rows = std::min(kSkinnyRows, m - j0);
         if (op.yd == kF32) {
           op.ik->skinny[op.d](op.xf, op.n, op.k, op.row(w, j0), rows, static_cast<float *>(y) + j0, m);
@@ -149,7 +149,7 @@ bool linear(const Linear &call, const void *w, int64_t m, void *y) {
           op.ik->from_float[op.yd](c.data() + t * kSkinnyRows, static_cast<char *>(y) + (t * m + j0) * op.yes(),
                                    rows);
       }
-    }
+    });
     return true;
   });
 }
@@ -172,28 +172,28 @@ bool gate_up_swiglu(const Linear &call, const void *w, int64_t inter, void *y) {
             !gemm_block(op, swap, op.row(w, inter + j0), cols, c.data() + up, 2 * cols))
           return false;
         if (!swap) {
-#pragma omp parallel for schedule(static)
-          for (int64_t t = 0; t < op.n; ++t) epilogue(c.data(), 2 * cols, t, j0, cols);
+          parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
+            for (int64_t t = t0; t < t1; ++t) epilogue(c.data(), 2 * cols, t, j0, cols);
+          });
           continue;
         }
-#pragma omp parallel for schedule(static)
-        for (int64_t j = 0; j < cols; ++j)  // gate row j <- silu(gate) * up, in float32
-          op.ik->swiglu_from_float[kF32](c.data() + j * op.n, c.data() + up + j * op.n, c.data() + j * op.n, op.n);
+        parallel_ranges(cols, [&](int64_t c0, int64_t c1) {
+          for (int64_t j = c0; j < c1; ++j)  // gate row j <- silu(gate) * up, in float32
+            op.ik->swiglu_from_float[kF32](c.data() + j * op.n, c.data() + up + j * op.n, c.data() + j * op.n, op.n);
+        });
         store_transposed(op, c.data(), cols, y, inter, j0);
       }
       return true;
     }
-#pragma omp parallel
-    {
+    parallel_ranges((inter + kSkinnyCols - 1) / kSkinnyCols, [&](int64_t b0, int64_t b1) {
       std::vector<float> c(op.n * 2 * kSkinnyCols);
-#pragma omp for schedule(static)
-      for (int64_t j0 = 0; j0 < inter; j0 += kSkinnyCols) {
+      for (int64_t j0 = b0 * kSkinnyCols; j0 < std::min(inter, b1 * kSkinnyCols); j0 += kSkinnyCols) {
         const int64_t cols = std::min(kSkinnyCols, inter - j0);
         op.ik->skinny[op.d](op.xf, op.n, op.k, op.row(w, j0), cols, c.data(), 2 * cols);
         op.ik->skinny[op.d](op.xf, op.n, op.k, op.row(w, inter + j0), cols, c.data() + cols, 2 * cols);
         for (int64_t t = 0; t < op.n; ++t) epilogue(c.data(), 2 * cols, t, j0, cols);
       }
-    }
+    });
     return true;
   });
 }

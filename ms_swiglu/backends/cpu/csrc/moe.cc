@@ -4,10 +4,12 @@
 #include "moe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "common.h"
 #include "gemm.h"
+#include "pool.h"
 
 namespace msw {
 namespace {
@@ -48,10 +50,15 @@ bool for_experts(const Groups &g, int64_t experts, const Body &body) {
   std::sort(active.begin(), active.end(), [&](int64_t a, int64_t b) {
     return g.start[a + 1] - g.start[a] > g.start[b + 1] - g.start[b];
   });
-  const bool across = int64_t(active.size()) >= 2 * omp_get_max_threads();
-  bool ok = true;
-#pragma omp parallel for schedule(dynamic, 1) if (across) reduction(&& : ok)
-  for (size_t i = 0; i < active.size(); ++i) ok = body(active[i]) && ok;
+  std::atomic<bool> ok{true};
+  auto each = [&](int64_t i) {
+    if (!body(active[i])) ok = false;
+  };
+  if (int64_t(active.size()) >= 2 * threads()) {
+    parallel_each(active.size(), each);
+  } else {
+    for (size_t i = 0; i < active.size(); ++i) each(i);
+  }
   return ok;
 }
 
@@ -64,9 +71,10 @@ bool moe_gate_up_swiglu(int d, const void *x, const int32_t *ids, int64_t tokens
   if (!group(ids, rows, experts, &g)) return false;
   const size_t es = dtype_size(d);
   std::vector<char> xs(rows * hidden * es);  // x's rows in grouped order: [R, H]
-#pragma omp parallel for schedule(static) if (rows * hidden > (1 << 16))
-  for (int64_t p = 0; p < rows; ++p)
-    std::memcpy(xs.data() + p * hidden * es, static_cast<const char *>(x) + g.src[p] / k * hidden * es, hidden * es);
+  parallel_ranges(rows, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      std::memcpy(xs.data() + p * hidden * es, static_cast<const char *>(x) + g.src[p] / k * hidden * es, hidden * es);
+  }, (1 << 16) / std::max<int64_t>(hidden, 1));
   return for_experts(g, experts, [&](int64_t e) {
     const Linear call{d, xs.data() + g.start[e] * hidden * es, g.start[e + 1] - g.start[e], hidden, -1, true};
     return gate_up_swiglu(call, static_cast<const char *>(w) + e * 2 * inter * hidden * es, inter,
@@ -88,11 +96,9 @@ bool moe_down_combine(int d, const void *h, const int32_t *ids, const float *wei
   });
   if (!ok) return false;
   const IsaKernels &ik = isa();
-#pragma omp parallel
-  {
+  parallel_ranges(tokens, [&](int64_t t0, int64_t t1) {
     std::vector<float> acc(hidden);
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t t = t0; t < t1; ++t) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = 0; j < k; ++j) {
         const float wt = weights[t * k + j], *row = y.data() + g.dst[t * k + j] * hidden;
@@ -100,7 +106,7 @@ bool moe_down_combine(int d, const void *h, const int32_t *ids, const float *wei
       }
       ik.from_float[d](acc.data(), static_cast<char *>(out) + t * hidden * es, hidden);
     }
-  }
+  }, (1 << 16) / std::max<int64_t>(hidden * k, 1));
   return true;
 }
 

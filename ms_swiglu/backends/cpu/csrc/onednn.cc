@@ -24,6 +24,7 @@
 #include <tuple>
 
 #include "common.h"
+#include "pool.h"
 #include "oneapi/dnnl/dnnl.h"
 #include "oneapi/dnnl/dnnl_threadpool.h"
 #include "oneapi/dnnl/dnnl_threadpool_iface.hpp"
@@ -35,12 +36,12 @@ constexpr int kHeaderVersion = DNNL_VERSION_MAJOR * 100 + DNNL_VERSION_MINOR;
 constexpr int kIfaceChanged = 311;  // v3.11: threadpool_iface::wait()
 static_assert(kHeaderVersion < kIfaceChanged, "these sources implement the threadpool_iface of oneDNN < 3.11");
 
-struct OmpPool final : dnnl::threadpool_interop::threadpool_iface {
-  int get_num_threads() const override { return omp_get_max_threads(); }
-  bool get_in_parallel() const override { return omp_in_parallel(); }
+// oneDNN runs on the kernels' own pool (pool.h).
+struct Threads final : dnnl::threadpool_interop::threadpool_iface {
+  int get_num_threads() const override { return threads(); }
+  bool get_in_parallel() const override { return in_parallel(); }
   void parallel_for(int n, const std::function<void(int, int)> &fn) override {
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; ++i) fn(i, n);
+    parallel_each(n, [&](int64_t i) { fn(int(i), n); });
   }
   uint64_t get_flags() const override { return 0; }  // synchronous: parallel_for returns when done
 };
@@ -61,7 +62,7 @@ struct Api {
   decltype(&dnnl_primitive_execute) execute;
   decltype(&dnnl_stream_wait) stream_wait;
   dnnl_engine_t engine = nullptr;
-  OmpPool pool;
+  Threads pool;
 };
 
 std::mutex g_mutex;
@@ -194,7 +195,7 @@ bool gemm(int a_d, const void *a, int64_t na, int b_d, const void *b, int64_t nb
   const std::shared_ptr<Matmul> mm = matmul(*ap, a_d, b_d, c_d, na, nb, k, ldc);
   if (!mm) return false;
   thread_local dnnl_stream_t stream = nullptr;
-  if (!stream && ap->stream_create(&stream, ap->engine, const_cast<OmpPool *>(&ap->pool)) != dnnl_success)
+  if (!stream && ap->stream_create(&stream, ap->engine, const_cast<Threads *>(&ap->pool)) != dnnl_success)
     return false;
   dnnl_memory_t mem[3] = {};
   const void *data[3] = {a, b, c};

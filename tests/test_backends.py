@@ -72,7 +72,7 @@ def test_a_new_backend_is_one_module_and_one_registry_line(tmp_path, monkeypatch
 def test_the_library_answers_by_name():
     """Dtypes, paths and ops cross the ctypes boundary by name; these fail when Python and C++ drift apart."""
     assert kernels.dtypes() == DTYPE_NAMES == tuple(kernels.NP_DTYPES)
-    assert kernels.paths() == ("skinny", "onednn", "onednn-swapped") == tuple(kernels.tuning()["paths"])
+    assert kernels.paths() == ("skinny", "onednn", "onednn-swapped", "amx") == tuple(kernels.tuning()["paths"])
     lib = ctypes.CDLL(kernels.library_path())
     for op in kernels.ops():  # every counted op is an aot op with the functions MindSpore needs
         for suffix in ("", "InferShape", "InferType"):
@@ -85,9 +85,11 @@ def test_the_library_answers_by_name():
 def test_the_tuning_table_is_what_the_paths_follow():
     table = kernels.tuning()
     for dtype in DTYPE_NAMES:
-        swapped = table["swapped_tokens"][dtype]
+        swapped, amx = table["swapped_tokens"][dtype], table["amx_tokens"][dtype]
         for n in range(1, 600):
-            if n <= table["skinny_max_tokens"][dtype]:
+            if table["amx_available"] and amx and amx[0] <= n <= amx[1]:
+                want = "amx"
+            elif n <= table["skinny_max_tokens"][dtype]:
                 want = "skinny"
             elif swapped and swapped[0] <= n <= swapped[1]:
                 want = "onednn-swapped"
@@ -111,7 +113,7 @@ with warnings.catch_warnings(record=True) as caught:
     status = kernels.onednn(); kernels.onednn()
 print("STATUS", status)
 print("WARNINGS", len([w for w in caught if "ms_swiglu: oneDNN unavailable" in str(w.message)]))
-print("PATHS", kernels.path("float32", 512), kernels.path("bfloat16", 64))
+print("PATHS", kernels.path("float32", 512), kernels.path("bfloat16", 512))
 rng = np.random.default_rng(0)
 x, w = rng.standard_normal((64, 40)).astype(np.float32), rng.standard_normal((30, 40)).astype(np.float32)
 y = kernels.linear(x, w, np.empty((64, 15), np.float32), "float32", swiglu=True)
@@ -139,5 +141,5 @@ def test_a_onednn_outside_the_headers_abi_is_refused_and_the_kernels_fall_back(t
     out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ")[0].isupper())
     assert out["STATUS"].startswith("unavailable: " + why.format(lib=lib)), out["STATUS"]
     assert out["WARNINGS"] == "1"  # one clear warning, however often it is asked
-    assert out["PATHS"] == "skinny skinny"  # every token count on the package's own kernels
+    assert out["PATHS"] == "skinny skinny"  # every token count on the package's own kernels (amx: 3..256 only)
     assert float(out["ERR"]) < 1e-4

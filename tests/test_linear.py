@@ -84,6 +84,21 @@ def test_onednn_paths(dtype, swiglu, path):
             _check_kernel(n, 129, 2500, dtype, swiglu, seed=n)
 
 
+def test_amx_path():
+    # 1..16 tokens: one B tile group (split-k accumulators); 17+: 32-row panels packed 12 k steps at a time, pairs of
+    # token groups and a lone last group; k of 1, 12 and 13 tile steps; m with a lone 16-row block
+    if not kernels.tuning()["amx_available"]:
+        pytest.skip("this CPU (or kernel) gives no AMX tiles to the process: the amx path falls back to skinny")
+    with kernels.forced_path("amx"):
+        for n in (1, 3, 16, 17, 33, 100):
+            for k, m in ((32, 16), (384, 48), (416, 96)):
+                _check_kernel(n, k, m, "bfloat16", False, seed=n + k)
+                _check_kernel(n, k, m, "bfloat16", True, seed=n + m)
+        _check_kernel(40, 100, 48, "bfloat16", True)  # k not a multiple of 32: the skinny kernel instead
+        _check_kernel(40, 64, 40, "bfloat16", False)  # m not a multiple of 16: likewise
+        _check_kernel(5, 64, 32, "float32", True)     # not bfloat16: skinny
+
+
 def test_more_token_counts_than_the_matmul_cache_holds():
     # each token count is a new oneDNN primitive; past 256 the cache is dropped and rebuilt (dynamic N)
     with kernels.forced_path("onednn"):
@@ -96,9 +111,12 @@ def test_default_paths():
     assert kernels.path("float16", 100) == ("onednn" if _has_fp16_matmul() else "skinny")
     for dtype, n, expected in (("float32", 1, "skinny"), ("float32", 8, "skinny"), ("float32", 9, "onednn-swapped"),
                                ("float32", 192, "onednn-swapped"), ("float32", 193, "onednn"),
-                               ("bfloat16", 4, "skinny"), ("bfloat16", 5, "onednn"), ("bfloat16", 32, "onednn-swapped"),
-                               ("float16", 12, "skinny")):
+                               ("bfloat16", 2, "skinny"), ("float16", 12, "skinny")):
         assert kernels.path(dtype, n) == expected, (dtype, n)
+    amx = kernels.tuning()["amx_available"]  # bfloat16 on AMX tiles from 3 to 256 tokens, where the CPU has them
+    for n, expected in ((3, "amx" if amx else "skinny"), (4, "amx" if amx else "skinny"),
+                        (5, "amx" if amx else "onednn"), (256, "amx" if amx else "onednn"), (257, "onednn")):
+        assert kernels.path("bfloat16", n) == expected, ("bfloat16", n)
     with kernels.forced_path("onednn"):
         assert kernels.path("float32", 1) == "onednn"
     assert kernels.path("float32", 1) == "skinny"  # restored
@@ -161,7 +179,7 @@ def test_cpu_mlp_is_two_kernel_calls_and_keeps_weight_dtype():
     after = kernels.launches()
     delta = {k: after[k] - before[k] for k in after}
     assert delta == {"SwigluFwd": 0, "SwigluBwd": 0, "Linear": 3, "GateUpSwiglu": 3, "MoeGateUpSwiglu": 0,
-                     "MoeDownCombine": 0}, delta
+                     "MoeDownCombine": 0, "RmsNorm": 0, "Add": 0}, delta
 
 
 def test_cpu_mlp_export_reloads_with_dynamic_tokens(tmp_path):

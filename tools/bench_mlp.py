@@ -83,7 +83,9 @@ def _build(variant, hidden, inter, dtype, jit, layers=1, blocks=0):
         base = SwiGLUMLP(hidden, inter, dtype=dtype)
         mlps.append(base if backend is None else to_packed(base, backend=backend))
     if blocks:
-        net = FFNStack([FFNBlock(hidden, inter, dtype=getattr(ms, dtype), mlp=mlp) for mlp in mlps])
+        # a packed MLP brings its backend's norm and residual add; the baseline keeps MindSpore's own ops
+        net = FFNStack([FFNBlock(hidden, inter, dtype=getattr(ms, dtype), mlp=mlp, backend="composite")
+                        for mlp in mlps])
     else:
         net = mlps[0] if layers == 1 else nn.SequentialCell(mlps)
     if jit == "O1":

@@ -5,6 +5,7 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import kernel
 
 from ms_swiglu.backends.matmul import DenseExperts, MatMulLinear, materialised_bytes
+from ms_swiglu.backends.native import AddOp, RMSNormOp
 from ms_swiglu.backends.spec import Backend, SwiGLUOp
 
 
@@ -76,4 +77,6 @@ BACKEND = Backend(
     deployable="",
     graph_ops=frozenset({"Custom"}),
     activation_bytes=materialised_bytes,
+    rms_norm=RMSNormOp,
+    add=AddOp,
 )

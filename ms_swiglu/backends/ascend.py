@@ -6,6 +6,7 @@ from mindspore import nn, ops
 from mindspore.ops.auto_generate import GroupedMatmulV4, MoeInitRoutingV2, MoeTokenUnpermute
 
 from ms_swiglu.backends.matmul import MatMulLinear, materialised_bytes
+from ms_swiglu.backends.native import AddOp, RMSNormOp
 from ms_swiglu.backends.spec import Backend, SwiGLUOp
 
 # Every op type an ascend-target graph of this package holds; each has an Ascend kernel. Anything else is refused.
@@ -96,5 +97,7 @@ BACKEND = Backend(
     deployable="expected on Atlas A2/A3 with MindSpore Lite; not run on hardware here",
     graph_ops=frozenset({"Swiglu"}),
     activation_bytes=materialised_bytes,
+    rms_norm=RMSNormOp,
+    add=AddOp,
     allowed_ops=ASCEND_OPS,
 )

@@ -4,6 +4,7 @@ from mindspore import ops
 from mindspore.common import dtype as mstype
 
 from ms_swiglu.backends.matmul import DenseExperts, MatMulLinear
+from ms_swiglu.backends.native import AddOp, RMSNormOp
 from ms_swiglu.backends.spec import Backend, SwiGLUOp
 
 
@@ -33,4 +34,6 @@ BACKEND = Backend(
     deployable="expected wherever MindSpore or MindSpore Lite runs (on Ascend: not run on hardware here)",
     graph_ops=frozenset(),
     activation_bytes=_activation_bytes,
+    rms_norm=RMSNormOp,
+    add=AddOp,
 )

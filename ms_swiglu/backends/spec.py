@@ -33,6 +33,10 @@ class Backend:
     graph_ops: frozenset  # op types that mark it in an exported graph (and that no other backend's graph may hold)
     # (n, hidden, inter, itemsize) -> bytes of the intermediate tensors one MLP call materialises
     activation_bytes: Callable
+    # (eps) -> Cell (x [T, H], w [H]) -> [T, H]: RMSNorm, float32 statistics, rounded once
+    rms_norm: Callable
+    # () -> Cell (a, b) -> a + b: the FFN block's residual connection
+    add: Callable
     allowed_ops: Optional[frozenset] = None  # when set, the only op types an exported graph may hold
 
     def runs_on(self, device_target):

@@ -2,9 +2,10 @@
 
 The gate/up GEMM has the SwiGLU as its epilogue, so [T, 2I] never exists; the GEMMs run a skinny kernel for few
 tokens and oneDNN's matmul (MindSpore's libdnnl) above, reading the weights in place in their own dtype. AVX-512,
-AVX2 or generic x86-64, chosen at run time; OpenMP threads.
+AVX2 or generic x86-64, chosen at run time; bfloat16 on AMX tiles where the CPU has them (csrc/amx.cc); the
+library's own thread pool (csrc/pool.cc). The FFN block's RMSNorm and residual add are C++ calls too.
 """
-from ms_swiglu.backends.cpu.ops import FusedLinear, GroupedExperts, swiglu_op
+from ms_swiglu.backends.cpu.ops import FusedAdd, FusedLinear, FusedRMSNorm, GroupedExperts, swiglu_op
 from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.backends.spec import Backend
 
@@ -16,7 +17,7 @@ def _activation_bytes(n, hidden, inter, itemsize):
 
 BACKEND = Backend(
     name="cpu",
-    summary="the package's C++ kernels: SwiGLU as the gate/up GEMM's epilogue (skinny GEMM, oneDNN)",
+    summary="the package's C++ kernels: SwiGLU as the gate/up GEMM's epilogue (skinny GEMM, AMX, oneDNN)",
     swiglu=swiglu_op,
     linear=FusedLinear,
     experts=GroupedExperts,
@@ -30,4 +31,6 @@ BACKEND = Backend(
     deployable="",
     graph_ops=frozenset({"Custom"}),
     activation_bytes=_activation_bytes,
+    rms_norm=FusedRMSNorm,
+    add=FusedAdd,
 )

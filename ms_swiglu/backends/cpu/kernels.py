@@ -150,11 +150,11 @@ def set_isa(name):
 def run(op, *arrays, dtype):
     """Call the library's ``op`` on contiguous NumPy arrays as MindSpore would (inputs, then the output); the
     float arrays of the op's ``dtype`` ('float32', 'float16', or 'bfloat16' held as uint16 bits), others (int32
-    ids, float32 weights) as they are. Returns the output (the last array)."""
+    ids, float32 weights and scales, int8 weights) as they are. Returns the output (the last array)."""
     onednn()
     n = len(arrays)
     names = {np.dtype(np.uint16): _dtype(dtype), np.dtype(np.float16): b"float16", np.dtype(np.float32): b"float32",
-             np.dtype(np.int32): b"int32"}
+             np.dtype(np.int32): b"int32", np.dtype(np.int8): b"int8"}
     shapes = [(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays]
     status = getattr(_lib(), op)(
         n, (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays]), (ctypes.c_int * n)(*[a.ndim for a in arrays]),

@@ -1,6 +1,6 @@
 """The cpu backend's ops: the library's functions as aot Custom ops, each with its C++ InferShape/InferType and a
 backward. Shape legend: T = tokens (any leading dims), K = d_in, M = d_out, I = intermediate_size."""
-from mindspore import nn, ops
+from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.ops import CustomRegOp, DataType
 
@@ -83,3 +83,44 @@ class GroupedExperts(nn.Cell):
 
     def construct(self, x, ids, weights, w_gate_up, w_down):
         return self.down(self.gate_up(x, ids, w_gate_up), ids, weights, w_down)
+
+
+class FusedRMSNorm(nn.Cell):
+    """RMSNorm in one C++ call (``RmsNorm``): float32 statistics, rounded once. The backward runs MindSpore's
+    ops in float32.
+
+    Shapes:
+        x: [T, H]    w: [H]    out: [T, H]
+    """
+
+    def __init__(self, eps):
+        super().__init__()
+        f32 = mstype.float32
+        self.eps = Tensor([eps], f32)
+
+        def bprop(x, w, eps, out, dout):
+            x32, w32, dy = x.astype(f32), w.astype(f32), dout.astype(f32)
+            r = ops.rsqrt(ops.mean(x32 * x32, -1, keep_dims=True) + eps)  # [T, 1]
+            xh, dxh = x32 * r, dy * w32  # [T, H]
+            dx = r * (dxh - xh * ops.mean(dxh * xh, -1, keep_dims=True))
+            dw = (dy * xh).reshape(-1, ops.shape(w)[0]).sum(0)  # [H]
+            return dx.astype(x.dtype), dw.astype(w.dtype), ops.zeros_like(eps)
+
+        self.op = aot_op("RmsNorm", (F, F, DataType.F32_Default), bprop)
+
+    def construct(self, x, w):
+        return self.op(x, w, self.eps)
+
+
+class FusedAdd(nn.Cell):
+    """``a + b`` in one C++ call (``Add``), float32 inside, rounded once."""
+
+    def __init__(self):
+        super().__init__()
+        def bprop(a, b, out, dout):
+            return dout, dout
+
+        self.op = aot_op("Add", (F, F), bprop)
+
+    def construct(self, a, b):
+        return self.op(a, b)

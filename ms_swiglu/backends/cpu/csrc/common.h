@@ -49,6 +49,7 @@ inline uint16_t float_to_half(float f) {  // round to nearest even
 }
 
 inline float to1(float v) { return v; }
+inline float to1(int8_t v) { return v; }
 inline float to1(f16 v) { return half_to_float(v.bits); }
 inline float to1(bf16 v) {
   uint32_t b = uint32_t(v.bits) << 16;
@@ -95,6 +96,12 @@ struct IsaKernels {
   void (*swiglu_from_float[kDtypes])(const float *gate, const float *up, void *dst, int64_t n);
   // y[t * ldy + j] = sum_k x[t, k] w[j, k], j < m: the weight rows streamed once for all n (few) tokens
   void (*skinny[kDtypes])(const float *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
+  // y = x / sqrt(mean(x^2) + eps) * w over one row of h elements
+  void (*rms_norm_row[kDtypes])(const void *x, const void *w, int64_t h, float eps, void *y);
+  void (*add[kDtypes])(const void *a, const void *b, void *y, int64_t n);  // y = a + b
+  // int8 weights (weight-only quantization): skinny over w [m, k] int8, unscaled sums; and int8 -> dtype, exact
+  void (*skinny_q8)(const float *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
+  void (*widen_q8[kDtypes])(const int8_t *src, void *dst, int64_t n);
 };
 
 const IsaKernels &isa();        // the ISA in use

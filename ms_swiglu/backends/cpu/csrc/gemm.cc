@@ -9,13 +9,14 @@
 #include <cstdio>
 #include <vector>
 
+#include "amx.h"
 #include "common.h"
 #include "onednn.h"
 #include "pool.h"
 
 namespace msw {
 
-const char *const kPathNames[kPaths] = {"skinny", "onednn", "onednn-swapped"};
+const char *const kPathNames[kPaths] = {"skinny", "onednn", "onednn-swapped", "amx"};
 
 namespace {
 
@@ -27,11 +28,20 @@ constexpr int64_t kSwap[kDtypes][2] = {{9, 192}, {1, 0}, {32, 192}};  // float16
 // from the skinny range on for bfloat16 (measured at 16 rows per expert on the Qwen3-30B-A3B shape: 121 ms
 // against 232 ms plain, one call of T=256).
 constexpr int64_t kSwapExpert[kDtypes][2] = {{9, 192}, {1, 0}, {5, 192}};
+// bfloat16 on AMX tiles, where the CPU has them, within this range of tokens (checked before the others): at
+// llama-7b shapes the amx path ran 1.2-1.9x faster than the skinny kernel at 4 tokens and than oneDNN at 8-16,
+// and level with or ahead of oneDNN up to 256 (tools/bench_linear.py).
+constexpr int64_t kAmxTokens[kDtypes][2] = {{1, 0}, {1, 0}, {3, 256}};
 // Weight rows per oneDNN call when its output goes through a float32 block first (the SwiGLU epilogue, and
 // the swapped path's transpose).
 constexpr int64_t kBlockRows = 1024;
 // Rows of the skinny kernel's output block per thread step (linear, gate_up_swiglu).
 constexpr int64_t kSkinnyRows = 64, kSkinnyCols = 32;
+// Rows per call of the amx path above 16 tokens, where it shares the tokens' tiles between panels (amx.cc).
+constexpr int64_t kAmxRows = 256;
+// int8 weights on the tile and oneDNN paths are widened (exactly) a block at a time into a buffer of at most
+// this many bytes, which the GEMM then reads from the cache.
+constexpr int64_t kWideBytes = 1 << 20;
 // Elements below which a widening pass runs in the calling thread alone (waking the pool costs more).
 constexpr int64_t kSerialElements = 1 << 15;
 
@@ -42,16 +52,52 @@ struct Op {
   int d, yd;  // the dtype of x and w, of y
   const void *x;
   const float *xf;  // the skinny kernel reads float32 x; oneDNN reads float16 x widened (see a())
+  const uint16_t *xv;  // the amx path reads x as B tiles (amx::to_vnni)
   int64_t n, k;
   Path path;
   const IsaKernels *ik;
+  const float *scale;  // int8 weights: per-row scales; nullptr: weights in dtype d
   // x as oneDNN's source operand: float16 goes in widened (float32 x float16 weights ran 1.05-1.4x faster than
   // float16 x float16 here at 64-128 tokens; every product is exact either way)
   int a_d() const { return d == kF16 ? kF32 : d; }
   const void *a() const { return d == kF16 ? static_cast<const void *>(xf) : x; }
   size_t es() const { return dtype_size(d); }
   size_t yes() const { return dtype_size(yd); }
-  const char *row(const void *w, int64_t r) const { return static_cast<const char *>(w) + r * k * es(); }
+  size_t ws() const { return scale ? 1 : es(); }  // bytes per weight
+  const char *row(const void *w, int64_t r) const { return static_cast<const char *>(w) + r * k * ws(); }
+  // weight rows per widened block of int8 weights, a multiple of 16 (the tiles' rows)
+  int64_t wide_rows(int wd) const {
+    return std::max<int64_t>(16, kWideBytes / (k * int64_t(dtype_size(wd))) / 16 * 16);
+  }
+  // c[t * ldc + j] *= scale[r0 + j]: int8 weights' per-row scales, applied to the float32 sums
+  void rescale(int64_t r0, int64_t rows, float *c, int64_t ldc, bool transposed = false) const {
+    if (!scale) return;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < rows; ++j) (transposed ? c[j * ldc + t] : c[t * ldc + j]) *= scale[r0 + j];
+  }
+  // weight rows per call of stream(): the amx path blocks its rows itself (amx.cc), in larger blocks
+  int64_t step(int64_t skinny_rows) const { return path == kAmx && n > 16 ? kAmxRows : skinny_rows; }
+  // c[t * ldc + j] = sum_k x[t, k] w[r0 + j, k], j < rows: the weight-streaming kernel of the path
+  void stream(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
+    const void *w_rows = row(w, r0);
+    if (path == kAmx && scale) {  // int8 on tiles: widened to bfloat16 a block at a time
+      thread_local std::vector<uint16_t> wide;
+      const int64_t b = wide_rows(kBF16);
+      wide.resize(b * k);
+      for (int64_t j = 0; j < rows; j += b) {
+        const int64_t r = std::min(b, rows - j);
+        ik->widen_q8[kBF16](static_cast<const int8_t *>(w_rows) + j * k, wide.data(), r * k);
+        amx::rows(xv, n, k, wide.data(), r, c + j, ldc);
+      }
+    } else if (path == kAmx) {
+      amx::rows(xv, n, k, static_cast<const uint16_t *>(w_rows), rows, c, ldc);
+    } else if (scale) {
+      ik->skinny_q8(xf, n, k, w_rows, rows, c, ldc);
+    } else {
+      ik->skinny[d](xf, n, k, w_rows, rows, c, ldc);
+    }
+    rescale(r0, rows, c, ldc);
+  }
 };
 
 // y[t, ldy * t + j0 + j] (dtype) = ct[j * n + t], j < cols: a swapped GEMM's block transposed back, rounded once.
@@ -65,22 +111,49 @@ void store_transposed(const Op &op, const float *ct, int64_t cols, void *y, int6
   });
 }
 
-// c = (x w_rows^T) [n, rows] into c (ldc), or swapped, c^T = w_rows x^T [rows, n]; float32.
-bool gemm_block(const Op &op, bool swap, const void *w_rows, int64_t rows, float *c, int64_t ldc) {
-  return swap ? onednn::gemm(op.d, w_rows, rows, op.d, op.x, op.n, op.k, kF32, c, op.n)
-              : onednn::gemm(op.a_d(), op.a(), op.n, op.d, w_rows, rows, op.k, kF32, c, ldc);
+// c = (x w[r0 : r0 + rows]^T) [n, rows] into c (ldc), or swapped, c^T = w[r0 : r0 + rows] x^T [rows, n];
+// float32. int8 weights go in widened to dtype d, a block at a time.
+bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) {
+  auto gemm = [&](const void *w_rows, int64_t m, float *cm) {
+    return swap ? onednn::gemm(op.d, w_rows, m, op.d, op.x, op.n, op.k, kF32, cm, op.n)
+                : onednn::gemm(op.a_d(), op.a(), op.n, op.d, w_rows, m, op.k, kF32, cm, ldc);
+  };
+  if (!op.scale) return gemm(op.row(w, r0), rows, c);
+  std::vector<char> wide(std::min(rows, op.wide_rows(op.d)) * op.k * op.es());
+  const int64_t b = int64_t(wide.size() / op.es()) / op.k;
+  for (int64_t j = 0; j < rows; j += b) {
+    const int64_t m = std::min(b, rows - j);
+    parallel_ranges(m, [&](int64_t i0, int64_t i1) {
+      op.ik->widen_q8[op.d](reinterpret_cast<const int8_t *>(op.row(w, r0 + j + i0)),
+                            wide.data() + i0 * op.k * op.es(), (i1 - i0) * op.k);
+    }, kSerialElements / std::max<int64_t>(op.k, 1));
+    float *cm = swap ? c + j * op.n : c + j;
+    if (!gemm(wide.data(), m, cm)) return false;
+    op.rescale(r0 + j, m, cm, swap ? op.n : ldc, swap);
+  }
+  return true;
 }
 
-// Runs body(op) with x widened where the path reads float32.
+// Runs body(op) with x widened where the path reads float32, or laid out as B tiles for the amx path (which
+// falls back to the skinny kernel where the tiles do not cover k or the `rows` it streams).
 template <typename Body>
-bool run(const Linear &call, const Body &body) {
-  Op op{call.d, call.yd < 0 ? call.d : call.yd, call.x, nullptr, call.n, call.k, path(call.d, call.n, call.expert),
-        &isa()};
+bool run(const Linear &call, int64_t rows, const Body &body) {
+  Op op{call.d, call.yd < 0 ? call.d : call.yd, call.x, nullptr, nullptr, call.n, call.k,
+        path(call.d, call.n, call.expert), &isa(), call.scale};
+  if (op.path == kAmx && !amx::takes(op.k, rows)) op.path = kSkinny;
+  std::vector<uint16_t> xv;
+  if (op.path == kAmx) {
+    xv.resize(amx::vnni_elements(op.n, op.k));
+    parallel_ranges(op.k / 2, [&](int64_t p0, int64_t p1) {
+      amx::to_vnni(static_cast<const uint16_t *>(op.x), op.n, op.k, xv.data(), p0, p1);
+    }, kSerialElements / std::max<int64_t>(op.n, 1));
+    op.xv = xv.data();
+  }
   std::vector<float> xf;
   if (op.d != kF32 && (op.path == kSkinny || (op.path == kOnednn && op.d == kF16))) {
     xf.resize(op.n * op.k);
     parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) op.ik->to_float[op.d](op.row(op.x, t), xf.data() + t * op.k, op.k);
+      for (int64_t t = t0; t < t1; ++t) op.ik->to_float[op.d](static_cast<const char *>(op.x) + t * op.k * op.es(), xf.data() + t * op.k, op.k);
     }, kSerialElements / std::max<int64_t>(op.k, 1));
   }
   op.xf = op.d == kF32 ? static_cast<const float *>(op.x) : xf.data();
@@ -93,8 +166,10 @@ Path path(int d, int64_t n, bool expert) {
   const int forced = g_forced;
   const int64_t *swap = expert ? kSwapExpert[d] : kSwap[d];
   const Path p = forced >= 0 ? Path(forced)
+                 : n >= kAmxTokens[d][0] && n <= kAmxTokens[d][1] && amx::available() ? kAmx
                  : n <= kSkinnyMax[d] ? kSkinny
                  : n >= swap[0] && n <= swap[1] ? kSwapped : kOnednn;
+  if (p == kAmx) return d == kBF16 && amx::available() ? kAmx : kSkinny;
   return p == kSkinny || onednn::takes(d) ? p : kSkinny;
 }
 
@@ -106,8 +181,8 @@ std::string tuning_json() {
   s += "], \"skinny_max_tokens\": {";
   for (int d = 0; d < kDtypes; ++d)
     s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + std::to_string(kSkinnyMax[d]);
-  const std::pair<const char *, const int64_t(*)[2]> rows[] = {{"swapped_tokens", kSwap},
-                                                                {"swapped_tokens_expert", kSwapExpert}};
+  const std::pair<const char *, const int64_t(*)[2]> rows[] = {
+      {"amx_tokens", kAmxTokens}, {"swapped_tokens", kSwap}, {"swapped_tokens_expert", kSwapExpert}};
   for (const auto &[key, swap] : rows) {
     s += std::string("}, \"") + key + "\": {";
     for (int d = 0; d < kDtypes; ++d) {
@@ -116,7 +191,8 @@ std::string tuning_json() {
                                     : "null";
     }
   }
-  s += "}, \"block_rows\": " + std::to_string(kBlockRows);
+  s += std::string("}, \"amx_available\": ") + (amx::available() ? "true" : "false");
+  s += ", \"block_rows\": " + std::to_string(kBlockRows);
   s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(kSkinnyTiles.rows_16bit_1) +
        ", \"1_2_tokens\": " + std::to_string(kSkinnyTiles.rows_1_2) + ", \"other\": " +
        std::to_string(kSkinnyTiles.rows) + "}";
@@ -124,29 +200,38 @@ std::string tuning_json() {
 }
 
 bool linear(const Linear &call, const void *w, int64_t m, void *y) {
-  return run(call, [&](const Op &op) {
-    if (op.path == kOnednn) return onednn::gemm(op.a_d(), op.a(), op.n, op.d, w, m, op.k, op.yd, y, m);
-    if (op.path == kSwapped) {
+  return run(call, m, [&](const Op &op) {
+    if (op.path == kOnednn && !op.scale) return onednn::gemm(op.a_d(), op.a(), op.n, op.d, w, m, op.k, op.yd, y, m);
+    if (op.path == kSwapped || op.path == kOnednn) {  // (plain with int8 weights: scaled in a float32 block)
+      const bool swap = op.path == kSwapped;
       const int64_t b = std::min(kBlockRows, m);
-      std::vector<float> ct(b * op.n);
+      std::vector<float> c(b * op.n);
       for (int64_t j0 = 0; j0 < m; j0 += b) {
         const int64_t rows = std::min(b, m - j0);
-        if (!gemm_block(op, true, op.row(w, j0), rows, ct.data(), op.n)) return false;
-        store_transposed(op, ct.data(), rows, y, m, j0);
+        if (!gemm_block(op, swap, w, j0, rows, c.data(), swap ? op.n : rows)) return false;
+        if (swap) {
+          store_transposed(op, c.data(), rows, y, m, j0);
+          continue;
+        }
+        parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
+          for (int64_t t = t0; t < t1; ++t)
+            op.ik->from_float[op.yd](c.data() + t * rows, static_cast<char *>(y) + (t * m + j0) * op.yes(), rows);
+        });
       }
       return true;
     }
-    parallel_ranges((m + kSkinnyRows - 1) / kSkinnyRows, [&](int64_t b0, int64_t b1) {
-      std::vector<float> c(op.n * kSkinnyRows);
-      for (int64_t j0 = b0 * kSkinnyRows; j0 < std::min(m, b1 * kSkinnyRows); j0 += kSkinnyRows) {
-        const int64_t rows = std::min(kSkinnyRows, m - j0);
+    const int64_t step = op.step(kSkinnyRows);
+    parallel_ranges((m + step - 1) / step, [&](int64_t b0, int64_t b1) {
+      std::vector<float> c(op.n * step);
+      for (int64_t j0 = b0 * step; j0 < std::min(m, b1 * step); j0 += step) {
+        const int64_t rows = std::min(step, m - j0);
         if (op.yd == kF32) {
-          op.ik->skinny[op.d](op.xf, op.n, op.k, op.row(w, j0), rows, static_cast<float *>(y) + j0, m);
+          op.stream(w, j0, rows, static_cast<float *>(y) + j0, m);
           continue;
         }
-        op.ik->skinny[op.d](op.xf, op.n, op.k, op.row(w, j0), rows, c.data(), kSkinnyRows);
+        op.stream(w, j0, rows, c.data(), step);
         for (int64_t t = 0; t < op.n; ++t)
-          op.ik->from_float[op.yd](c.data() + t * kSkinnyRows, static_cast<char *>(y) + (t * m + j0) * op.yes(),
+          op.ik->from_float[op.yd](c.data() + t * step, static_cast<char *>(y) + (t * m + j0) * op.yes(),
                                    rows);
       }
     });
@@ -157,19 +242,19 @@ bool linear(const Linear &call, const void *w, int64_t m, void *y) {
 // y [n, inter] = silu(x w_gate^T) * (x w_up^T), w = [w_gate; w_up] [2 inter, k]: the SwiGLU is the GEMM's
 // epilogue, applied to one block of columns at a time, so [n, 2 inter] never exists.
 bool gate_up_swiglu(const Linear &call, const void *w, int64_t inter, void *y) {
-  return run(call, [&](const Op &op) {
+  return run(call, inter, [&](const Op &op) {
     auto epilogue = [&](const float *c, int64_t ldc, int64_t t, int64_t j0, int64_t cols) {  // c: [gate | up]
       op.ik->swiglu_from_float[op.yd](c + t * ldc, c + t * ldc + cols,
                                       static_cast<char *>(y) + (t * inter + j0) * op.yes(), cols);
     };
-    if (op.path != kSkinny) {
+    if (op.path == kOnednn || op.path == kSwapped) {
       const bool swap = op.path == kSwapped;
       const int64_t b = std::min(kBlockRows, inter);
       std::vector<float> c(op.n * 2 * b);  // [n, gate | up], or swapped [gate; up] x [n]
       for (int64_t j0 = 0; j0 < inter; j0 += b) {
         const int64_t cols = std::min(b, inter - j0), up = swap ? cols * op.n : cols;
-        if (!gemm_block(op, swap, op.row(w, j0), cols, c.data(), 2 * cols) ||
-            !gemm_block(op, swap, op.row(w, inter + j0), cols, c.data() + up, 2 * cols))
+        if (!gemm_block(op, swap, w, j0, cols, c.data(), 2 * cols) ||
+            !gemm_block(op, swap, w, inter + j0, cols, c.data() + up, 2 * cols))
           return false;
         if (!swap) {
           parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
@@ -185,12 +270,13 @@ bool gate_up_swiglu(const Linear &call, const void *w, int64_t inter, void *y) {
       }
       return true;
     }
-    parallel_ranges((inter + kSkinnyCols - 1) / kSkinnyCols, [&](int64_t b0, int64_t b1) {
-      std::vector<float> c(op.n * 2 * kSkinnyCols);
-      for (int64_t j0 = b0 * kSkinnyCols; j0 < std::min(inter, b1 * kSkinnyCols); j0 += kSkinnyCols) {
-        const int64_t cols = std::min(kSkinnyCols, inter - j0);
-        op.ik->skinny[op.d](op.xf, op.n, op.k, op.row(w, j0), cols, c.data(), 2 * cols);
-        op.ik->skinny[op.d](op.xf, op.n, op.k, op.row(w, inter + j0), cols, c.data() + cols, 2 * cols);
+    const int64_t step = op.step(kSkinnyCols);
+    parallel_ranges((inter + step - 1) / step, [&](int64_t b0, int64_t b1) {
+      std::vector<float> c(op.n * 2 * step);
+      for (int64_t j0 = b0 * step; j0 < std::min(inter, b1 * step); j0 += step) {
+        const int64_t cols = std::min(step, inter - j0);
+        op.stream(w, j0, cols, c.data(), 2 * cols);
+        op.stream(w, inter + j0, cols, c.data() + cols, 2 * cols);
         for (int64_t t = 0; t < op.n; ++t) epilogue(c.data(), 2 * cols, t, j0, cols);
       }
     });

@@ -8,15 +8,16 @@
 namespace msw {
 
 // skinny: each weight row streamed once for all (few) tokens; onednn: c = x w^T; onednn-swapped: c^T = w x^T,
-// the weights as oneDNN's source operand, each block transposed back.
-enum Path { kSkinny, kOnednn, kSwapped, kPaths };
+// the weights as oneDNN's source operand, each block transposed back; amx (bfloat16): the skinny kernel's
+// blocks on AMX tiles (amx.cc), the weights as the A operand read in place.
+enum Path { kSkinny, kOnednn, kSwapped, kAmx, kPaths };
 extern const char *const kPathNames[kPaths];
 
 Path path(int d, int64_t n, bool expert = false);  // the path n tokens of dtype d take (kSkinny when oneDNN cannot)
 int force_path(int p);              // every call takes path p (-1: the automatic choice); returns the previous
 std::string tuning_json();          // the tuning table, for the Python side and the benchmarks
 
-// One call: x [n, k] and the weights in dtype d, on the path chosen for n; the output in dtype yd (d, or float32
+// One call: x [n, k] and the weights in dtype d (or int8 with scales), on the path chosen for n; the output in dtype yd (d, or float32
 // for a caller that sums outputs further). `expert`: one expert's GEMM of a MoE block, which takes the experts'
 // row of the tuning table.
 struct Linear {
@@ -25,6 +26,9 @@ struct Linear {
   int64_t n, k;
   int yd = -1;  // -1: d
   bool expert = false;
+  // int8 weights (weight-only quantization): w [m, k] int8 with per-row float32 scales, w[j] = scale[j] * q[j];
+  // nullptr: w in dtype d. The weights are read as int8 and widened in the kernel, exactly.
+  const float *scale = nullptr;
 };
 
 bool linear(const Linear &op, const void *w, int64_t m, void *y);               // y [n, m] = x w^T

@@ -2,6 +2,7 @@
 // run time (the best this CPU has), so the .so loads on any x86-64.
 #include <immintrin.h>
 
+#include <cmath>
 #include <string>
 
 #include "common.h"
@@ -24,7 +25,10 @@ int dtype_index(const char *name) {
         {ns::to_float<float>, ns::to_float<f16>, ns::to_float<bf16>},                       \
         {ns::from_float<float>, ns::from_float<f16>, ns::from_float<bf16>},                 \
         {ns::swiglu_from_float<float>, ns::swiglu_from_float<f16>, ns::swiglu_from_float<bf16>}, \
-        {ns::skinny<float>, ns::skinny<f16>, ns::skinny<bf16>}                              \
+        {ns::skinny<float>, ns::skinny<f16>, ns::skinny<bf16>},                             \
+        {ns::rms_norm_row<float>, ns::rms_norm_row<f16>, ns::rms_norm_row<bf16>},           \
+        {ns::add<float>, ns::add<f16>, ns::add<bf16>},                                      \
+        ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}    \
   }
 
 #pragma GCC push_options
@@ -33,6 +37,7 @@ namespace avx512 {
 #define MSW_W 16
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
+#include "isa_norm.inc"
 #undef MSW_W
 }  // namespace avx512
 #pragma GCC pop_options
@@ -43,6 +48,7 @@ namespace avx2 {
 #define MSW_W 8
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
+#include "isa_norm.inc"
 #undef MSW_W
 }  // namespace avx2
 #pragma GCC pop_options
@@ -51,6 +57,7 @@ namespace generic {
 #define MSW_W 4
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
+#include "isa_norm.inc"
 #undef MSW_W
 }  // namespace generic
 

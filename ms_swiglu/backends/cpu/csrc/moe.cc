@@ -65,34 +65,36 @@ bool for_experts(const Groups &g, int64_t experts, const Body &body) {
 }  // namespace
 
 bool moe_gate_up_swiglu(int d, const void *x, const int32_t *ids, int64_t tokens, int64_t k, const void *w,
-                        int64_t experts, int64_t hidden, int64_t inter, void *h) {
+                        int64_t experts, int64_t hidden, int64_t inter, void *h, const float *scale) {
   const int64_t rows = tokens * k;
   Groups g;
   if (!group(ids, rows, experts, &g)) return false;
-  const size_t es = dtype_size(d);
+  const size_t es = dtype_size(d), ws = scale ? 1 : es;  // bytes per activation, per weight
   std::vector<char> xs(rows * hidden * es);  // x's rows in grouped order: [R, H]
   parallel_ranges(rows, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       std::memcpy(xs.data() + p * hidden * es, static_cast<const char *>(x) + g.src[p] / k * hidden * es, hidden * es);
   }, (1 << 16) / std::max<int64_t>(hidden, 1));
   return for_experts(g, experts, [&](int64_t e) {
-    const Linear call{d, xs.data() + g.start[e] * hidden * es, g.start[e + 1] - g.start[e], hidden, -1, true};
-    return gate_up_swiglu(call, static_cast<const char *>(w) + e * 2 * inter * hidden * es, inter,
+    const Linear call{d, xs.data() + g.start[e] * hidden * es, g.start[e + 1] - g.start[e], hidden, -1, true,
+                      scale ? scale + e * 2 * inter : nullptr};
+    return gate_up_swiglu(call, static_cast<const char *>(w) + e * 2 * inter * hidden * ws, inter,
                           static_cast<char *>(h) + g.start[e] * inter * es);
   });
 }
 
 bool moe_down_combine(int d, const void *h, const int32_t *ids, const float *weights, int64_t tokens, int64_t k,
-                      const void *w, int64_t experts, int64_t hidden, int64_t inter, void *out) {
+                      const void *w, int64_t experts, int64_t hidden, int64_t inter, void *out,
+                      const float *scale) {
   const int64_t rows = tokens * k;
   Groups g;
   if (!group(ids, rows, experts, &g)) return false;
-  const size_t es = dtype_size(d);
+  const size_t es = dtype_size(d), ws = scale ? 1 : es;  // bytes per activation, per weight
   std::vector<float> y(rows * hidden);  // each row's expert output in float32, grouped order: [R, H]
   const bool ok = for_experts(g, experts, [&](int64_t e) {
     const Linear call{d, static_cast<const char *>(h) + g.start[e] * inter * es, g.start[e + 1] - g.start[e], inter,
-                      kF32, true};
-    return linear(call, static_cast<const char *>(w) + e * hidden * inter * es, hidden, y.data() + g.start[e] * hidden);
+                      kF32, true, scale ? scale + e * hidden : nullptr};
+    return linear(call, static_cast<const char *>(w) + e * hidden * inter * ws, hidden, y.data() + g.start[e] * hidden);
   });
   if (!ok) return false;
   const IsaKernels &ik = isa();

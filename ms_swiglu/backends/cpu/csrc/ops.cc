@@ -8,8 +8,14 @@
 //   MoeDownCombine   h [T k, I], ids [T, k], weights [T, k] float32, w [E, H, I]  ->  y [T, H]
 //                    y[t] = sum_j weights[t, j] * (h[row of (t, j)] w_down,e^T), summed in float32
 //
+// Weight-only int8: the GEMM ops also take w as int8 followed by its per-row float32 scales (Linear and
+// GateUpSwiglu: scale [M]; the Moe ops: [E, 2I] and [E, H]), w[row] = scale[row] * q[row], widened exactly.
+//   RmsNorm       x [..., H], w [H], eps [1] float32       ->  y [..., H] = x / sqrt(mean(x^2) + eps) * w
+//   Add           a [...], b [...] (one shape)             ->  y = a + b (the residual connection)
+//
 // float32 / float16 / bfloat16 in and out (one dtype per call), float32 inside, rounded once. Each op has its
 // C++ {name}InferShape / {name}InferType, which dynamic shapes and MindIR reloading need.
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <vector>
@@ -22,7 +28,8 @@
 namespace {
 
 // Launch counters by op name: what a compiled graph really runs (a diagnostic, read by the tests).
-const char *const kOps[] = {"SwigluFwd", "SwigluBwd", "Linear", "GateUpSwiglu", "MoeGateUpSwiglu", "MoeDownCombine"};
+const char *const kOps[] = {"SwigluFwd",       "SwigluBwd",      "Linear",  "GateUpSwiglu",
+                            "MoeGateUpSwiglu", "MoeDownCombine", "RmsNorm", "Add"};
 constexpr int kNumOps = sizeof kOps / sizeof kOps[0];
 std::atomic<int64_t> g_launches[kNumOps];
 
@@ -57,22 +64,36 @@ bool linear_shapes(int *ndims, int64_t **shapes, int64_t *n, int64_t *k, int64_t
   return true;
 }
 
-// A linear op's call (x, w, y): 0, or the aot status code. `packed`: w is [gate; up] and y gets the SwiGLU.
+bool is(const char *dtype, const char *name) { return std::string(dtype) == name; }
+
+// Whether the weights at params[w] are int8 with float32 scales after them (nparam: their op's count with scales):
+// 1, 0 (w in the float dtype, nparam - 1 params), or -1 when neither fits.
+int quantized(int nparam, const char **dtypes, int w, int with_scales) {
+  if (nparam == with_scales - 1) return 0;
+  return nparam == with_scales && is(dtypes[w], "int8") && msw::dtype_index(dtypes[w + 1]) == msw::kF32 ? 1 : -1;
+}
+
+// A linear op's call (x, w, y) or, int8, (x, w, scale, y): 0, or the aot status code. `packed`: w is
+// [gate; up] and y gets the SwiGLU.
 template <typename Body>
 int run_linear(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool packed,
                const Body &body) {
-  if (nparam != 3) return 1;
-  const int d = one_dtype(3, dtypes);
-  if (d < 0) return 2;
+  const int q = quantized(nparam, dtypes, 1, 4);
+  if (q < 0) return 1;
+  const int d = msw::dtype_index(dtypes[0]), y = nparam - 1;
+  if (d < 0 || !is(dtypes[y], dtypes[0]) || (!q && !is(dtypes[1], dtypes[0]))) return 2;
   int64_t n, k, m;
   if (!linear_shapes(ndims, shapes, &n, &k, &m) || (packed && m % 2)) return 3;
+  if (q && (ndims[2] != 1 || shapes[2][0] != m)) return 3;
   const int64_t out = packed ? m / 2 : m;
   if (n * out == 0) return 0;
   if (k == 0) {
-    std::memset(params[2], 0, n * out * msw::dtype_size(d));  // an empty sum; silu(0) * 0 = 0 too
+    std::memset(params[y], 0, n * out * msw::dtype_size(d));  // an empty sum; silu(0) * 0 = 0 too
     return 0;
   }
-  return body(msw::Linear{d, params[0], n, k}, params[1], out, params[2]) ? 0 : 4;
+  msw::Linear call{d, params[0], n, k};
+  call.scale = q ? static_cast<const float *>(params[2]) : nullptr;
+  return body(call, params[1], out, params[y]) ? 0 : 4;
 }
 
 std::vector<int64_t> linear_out_shape(int *ndims, int64_t **shapes, bool packed) {
@@ -167,21 +188,27 @@ std::vector<int64_t> GateUpSwigluInferShape(int *ndims, int64_t **shapes, AotExt
 }
 TypeId GateUpSwigluInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
 
-// The experts' ops: 2-D x / h, [T, k] int32 ids, stacked 3-D weights of the float dtype (weights float32).
+// The experts' ops: 2-D x / h, [T, k] int32 ids, stacked 3-D weights of the float dtype, or int8 with
+// [E, rows] float32 scales (routing weights float32).
+bool expert_scales(int q, int *ndims, int64_t **shapes, int w) {
+  return !q || (ndims[w + 1] == 2 && shapes[w + 1][0] == shapes[w][0] && shapes[w + 1][1] == shapes[w][1]);
+}
+
 int MoeGateUpSwiglu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
   ++g_launches[op_index("MoeGateUpSwiglu")];
-  if (nparam != 4) return 1;
-  const int d = msw::dtype_index(dtypes[0]);
-  if (d < 0 || std::string(dtypes[1]) != "int32" || std::string(dtypes[2]) != dtypes[0] ||
-      std::string(dtypes[3]) != dtypes[0])
+  const int q = quantized(nparam, dtypes, 2, 5);
+  if (q < 0) return 1;
+  const int d = msw::dtype_index(dtypes[0]), out = nparam - 1;
+  if (d < 0 || !is(dtypes[1], "int32") || (!q && !is(dtypes[2], dtypes[0])) || !is(dtypes[out], dtypes[0]))
     return 2;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 3 || shapes[1][0] != shapes[0][0] ||
-      shapes[2][2] != shapes[0][1] || shapes[2][1] % 2)
+      shapes[2][2] != shapes[0][1] || shapes[2][1] % 2 || !expert_scales(q, ndims, shapes, 2))
     return 3;
   const int64_t tokens = shapes[0][0], k = shapes[1][1], experts = shapes[2][0], inter = shapes[2][1] / 2;
   if (tokens * k * inter == 0) return 0;
   return msw::moe_gate_up_swiglu(d, params[0], static_cast<const int32_t *>(params[1]), tokens, k, params[2],
-                                 experts, shapes[0][1], inter, params[3]) ? 0 : 4;
+                                 experts, shapes[0][1], inter, params[out],
+                                 q ? static_cast<const float *>(params[3]) : nullptr) ? 0 : 4;
 }
 std::vector<int64_t> MoeGateUpSwigluInferShape(int *ndims, int64_t **shapes, AotExtra *) {
   const int64_t rows = shapes[1][0] < 0 || shapes[1][1] < 0 ? -1 : shapes[1][0] * shapes[1][1];
@@ -191,27 +218,78 @@ TypeId MoeGateUpSwigluInferType(std::vector<TypeId> type_ids, AotExtra *) { retu
 
 int MoeDownCombine(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
   ++g_launches[op_index("MoeDownCombine")];
-  if (nparam != 5) return 1;
-  const int d = msw::dtype_index(dtypes[0]);
-  if (d < 0 || std::string(dtypes[1]) != "int32" || msw::dtype_index(dtypes[2]) != msw::kF32 ||
-      std::string(dtypes[3]) != dtypes[0] || std::string(dtypes[4]) != dtypes[0])
+  const int q = quantized(nparam, dtypes, 3, 6);
+  if (q < 0) return 1;
+  const int d = msw::dtype_index(dtypes[0]), out = nparam - 1;
+  if (d < 0 || !is(dtypes[1], "int32") || msw::dtype_index(dtypes[2]) != msw::kF32 ||
+      (!q && !is(dtypes[3], dtypes[0])) || !is(dtypes[out], dtypes[0]))
     return 2;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 3 || shapes[2][0] != shapes[1][0] ||
-      shapes[2][1] != shapes[1][1] || shapes[0][0] != shapes[1][0] * shapes[1][1] || shapes[3][2] != shapes[0][1])
+      shapes[2][1] != shapes[1][1] || shapes[0][0] != shapes[1][0] * shapes[1][1] || shapes[3][2] != shapes[0][1] ||
+      !expert_scales(q, ndims, shapes, 3))
     return 3;
   const int64_t tokens = shapes[1][0], k = shapes[1][1], hidden = shapes[3][1];
   if (tokens * hidden == 0) return 0;
   if (k * shapes[0][1] == 0) {
-    std::memset(params[4], 0, tokens * hidden * msw::dtype_size(d));
+    std::memset(params[out], 0, tokens * hidden * msw::dtype_size(d));
     return 0;
   }
   return msw::moe_down_combine(d, params[0], static_cast<const int32_t *>(params[1]),
                                static_cast<const float *>(params[2]), tokens, k, params[3], shapes[3][0], hidden,
-                               shapes[0][1], params[4]) ? 0 : 4;
+                               shapes[0][1], params[out], q ? static_cast<const float *>(params[4]) : nullptr) ? 0 : 4;
 }
 std::vector<int64_t> MoeDownCombineInferShape(int *ndims, int64_t **shapes, AotExtra *) {
   return {shapes[1][0], shapes[3][1]};
 }
 TypeId MoeDownCombineInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
+
+int RmsNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  ++g_launches[op_index("RmsNorm")];
+  if (nparam != 4) return 1;
+  const int d = msw::dtype_index(dtypes[0]);
+  if (d < 0 || std::string(dtypes[1]) != dtypes[0] || msw::dtype_index(dtypes[2]) != msw::kF32 ||
+      std::string(dtypes[3]) != dtypes[0])
+    return 2;
+  if (ndims[0] < 1 || ndims[1] != 1 || shapes[1][0] != shapes[0][ndims[0] - 1]) return 3;
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < ndims[0]; ++i) rows *= shapes[0][i];
+  const int64_t h = shapes[1][0];
+  const float eps = *static_cast<const float *>(params[2]);
+  const size_t es = msw::dtype_size(d);
+  const auto &ik = msw::isa();
+  msw::parallel_ranges(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      ik.rms_norm_row[d](static_cast<const char *>(params[0]) + r * h * es, params[1], h, eps,
+                         static_cast<char *>(params[3]) + r * h * es);
+  }, (1 << 15) / std::max<int64_t>(h, 1));
+  return 0;
+}
+std::vector<int64_t> RmsNormInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+  return std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]);
+}
+TypeId RmsNormInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
+
+int Add(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  ++g_launches[op_index("Add")];
+  if (nparam != 3) return 1;
+  const int d = one_dtype(3, dtypes);
+  if (d < 0) return 2;
+  if (ndims[0] != ndims[1] || !std::equal(shapes[0], shapes[0] + ndims[0], shapes[1])) return 3;
+  int64_t n = 1;
+  for (int i = 0; i < ndims[0]; ++i) n *= shapes[0][i];
+  constexpr int64_t kChunk = 1 << 14;
+  const size_t es = msw::dtype_size(d);
+  const auto &ik = msw::isa();
+  msw::parallel_ranges((n + kChunk - 1) / kChunk, [&](int64_t c0, int64_t c1) {
+    const int64_t i0 = c0 * kChunk, i1 = std::min(n, c1 * kChunk);
+    ik.add[d](static_cast<const char *>(params[0]) + i0 * es, static_cast<const char *>(params[1]) + i0 * es,
+              static_cast<char *>(params[2]) + i0 * es, i1 - i0);
+  }, 2);
+  return 0;
+}
+std::vector<int64_t> AddInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+  return std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]);
+}
+TypeId AddInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
 
 }  // extern "C"

@@ -1,0 +1,192 @@
+// The weight-streaming GEMM on AMX tiles: c[t, j] = sum_k x[t, k] w[j, k] in bfloat16 with the weights as the A
+// operand, read in place (16 rows x 32 k per tile, row stride k), and the tokens as B, re-laid once per call
+// (pairs of k interleaved, 16 tokens per tile). TDPBF16PS forms each bf16 x bf16 product exactly in float32 and
+// sums in float32, as the other paths do; bf16 subnormals (below 1.2e-38) read as zero.
+#include "amx.h"
+
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace msw::amx {
+
+namespace {
+
+constexpr int64_t kTok = 16, kK = 32;  // tokens per B tile, k per tile step
+// k steps per packed panel: 32 weight rows x 12 steps = 24 KiB, which stays in the 48 KiB L1 while every group
+// pair of tokens passes over it
+constexpr int64_t kPanelSteps = 12;
+// Weight rows per block: the panels that share one chunk of the tokens' B tiles while it is in L2.
+constexpr int64_t kBlockRows = 256;
+
+bool request_tiles() {
+  if (!__builtin_cpu_supports("amx-bf16")) return false;
+  constexpr long kReqPerm = 0x1023, kXtileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA (Linux >= 5.16)
+  return syscall(SYS_arch_prctl, kReqPerm, kXtileData) == 0;
+}
+
+struct alignas(64) Config {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  Config() {
+    for (int t = 0; t < 8; ++t) colsb[t] = 64, rows[t] = 16;  // every tile 16 x 64 bytes
+  }
+};
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f")
+
+// c[t, j0 + r] (t < nt) from a 16 x 16 float32 tile stored as [r][t].
+inline void store_block(const float *tile, int64_t nt, float *c, int64_t ldc) {
+  for (int64_t t = 0; t < nt; ++t)
+    for (int r = 0; r < 16; ++r) c[t * ldc + r] = tile[r * 16 + t];
+}
+
+// One 16-row block of w against one group of tokens: two accumulators over alternate k steps (the TDPBF16PS
+// latency is several times its issue interval), summed at the end.
+void block1(const uint16_t *xv, int64_t nt, int64_t k, const uint16_t *w, float *c, int64_t ldc) {
+  alignas(64) float t0[256], t1[256];
+  const int64_t ldw = k * 2;
+  _tile_zero(0);
+  _tile_zero(1);
+  int64_t k0 = 0;
+  for (; k0 + 2 * kK <= k; k0 += 2 * kK) {
+    _tile_loadd(2, w + k0, ldw);
+    _tile_loadd(4, xv + k0 * kTok, 64);
+    _tile_loadd(3, w + k0 + kK, ldw);
+    _tile_loadd(5, xv + (k0 + kK) * kTok, 64);
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_dpbf16ps(1, 3, 5);
+  }
+  if (k0 < k) {
+    _tile_loadd(2, w + k0, ldw);
+    _tile_loadd(4, xv + k0 * kTok, 64);
+    _tile_dpbf16ps(0, 2, 4);
+  }
+  _tile_stored(0, t0, 64);
+  _tile_stored(1, t1, 64);
+  for (int i = 0; i < 256; i += 16) _mm512_store_ps(t0 + i, _mm512_add_ps(_mm512_load_ps(t0 + i), _mm512_load_ps(t1 + i)));
+  store_block(t0, nt, c, ldc);
+}
+
+// A panel of RB x 16 weight rows against TG groups of 16 tokens over `steps` k steps of 32: C tiles 0-3 (row
+// block r, group g -> tile 2r + g) start from acc (or zero) and end in acc; A tiles 4-5 from the packed panel
+// a ([step][32 rows][32 k], contiguous: the weight rows themselves sit a multiple of 4 KiB apart, in one L1 set),
+// B tiles 6-7 from xv (already at the panel's first k). Each A tile feeds TG products and each B tile RB.
+template <int RB, int TG>
+void panel(const uint16_t *a, int64_t steps, const uint16_t *xv, int64_t group, float *acc, bool first) {
+  if (first) {
+    _tile_zero(0);
+    if constexpr (TG == 2) _tile_zero(1);
+    if constexpr (RB == 2) _tile_zero(2);
+    if constexpr (RB == 2 && TG == 2) _tile_zero(3);
+  } else {
+    _tile_loadd(0, acc, 64);
+    if constexpr (TG == 2) _tile_loadd(1, acc + 256, 64);
+    if constexpr (RB == 2) _tile_loadd(2, acc + 512, 64);
+    if constexpr (RB == 2 && TG == 2) _tile_loadd(3, acc + 768, 64);
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, a + s * 1024, 64);
+    _tile_loadd(6, xv + s * kK * kTok, 64);
+    if constexpr (TG == 2) _tile_loadd(7, xv + group + s * kK * kTok, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (TG == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (RB == 2) {
+      _tile_loadd(5, a + s * 1024 + 512, 64);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (TG == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, acc, 64);
+  if constexpr (TG == 2) _tile_stored(1, acc + 256, 64);
+  if constexpr (RB == 2) _tile_stored(2, acc + 512, 64);
+  if constexpr (RB == 2 && TG == 2) _tile_stored(3, acc + 768, 64);
+}
+
+template <int RB>
+void panel_groups(const uint16_t *a, int64_t steps, const uint16_t *xv, int64_t k, int64_t groups, float *acc,
+                  bool first) {
+  const int64_t group = kTok * k;
+  int64_t g = 0;
+  for (; g + 2 <= groups; g += 2) panel<RB, 2>(a, steps, xv + g * group, group, acc + g * 2 * 256, first);
+  if (g < groups) panel<RB, 1>(a, steps, xv + g * group, group, acc + g * 2 * 256, first);
+}
+
+#pragma GCC pop_options
+
+}  // namespace
+
+bool available() {
+  static const bool ok = request_tiles();
+  return ok;
+}
+
+bool takes(int64_t k, int64_t m) { return k > 0 && k % kK == 0 && m % 16 == 0; }
+
+int64_t vnni_elements(int64_t n, int64_t k) { return (n + kTok - 1) / kTok * kTok * k; }
+
+void to_vnni(const uint16_t *x, int64_t n, int64_t k, uint16_t *xv, int64_t p0, int64_t p1) {
+  const int64_t groups = (n + kTok - 1) / kTok;
+  for (int64_t g = 0; g < groups; ++g) {  // a pair of bf16 is one uint32: a [16 tokens, k/2] transpose
+    uint32_t *out = reinterpret_cast<uint32_t *>(xv + g * kTok * k);
+    for (int64_t t = 0; t < kTok; ++t) {
+      const int64_t tok = g * kTok + t;
+      const uint32_t *in = reinterpret_cast<const uint32_t *>(x + tok * k);
+      if (tok < n)
+        for (int64_t p = p0; p < p1; ++p) out[p * kTok + t] = in[p];
+      else
+        for (int64_t p = p0; p < p1; ++p) out[p * kTok + t] = 0;
+    }
+  }
+}
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f")
+void rows(const uint16_t *xv, int64_t n, int64_t k, const uint16_t *w, int64_t m, float *c, int64_t ldc) {
+  static const Config config;
+  _tile_loadconfig(&config);
+  const int64_t groups = (n + kTok - 1) / kTok;
+  if (groups == 1) {  // few tokens: bound by the weight read, one row block at a time
+    for (int64_t j = 0; j < m; j += 16) block1(xv, n, k, w + j * k, c + j, ldc);
+    _tile_release();
+    return;
+  }
+  // More tokens: blocks of kBlockRows weight rows; per block, k in chunks of kPanelSteps steps: the tokens' B
+  // tiles of one chunk stay in L2 while every 32-row panel of the block passes over them (packed, in L1) with
+  // every pair of token groups. The accumulators wait in acc between chunks.
+  const int64_t pairs = (groups + 1) / 2, panel_floats = pairs * 4 * 256;  // [pair][row block][group][16 x 16]
+  std::vector<float> acc(kBlockRows / 32 * panel_floats);
+  alignas(64) uint16_t a[kPanelSteps * 1024];
+  for (int64_t j0 = 0; j0 < m; j0 += kBlockRows) {
+    const int64_t j1 = std::min(m, j0 + kBlockRows);
+    for (int64_t k0 = 0; k0 < k; k0 += kPanelSteps * kK) {
+      const int64_t steps = std::min(kPanelSteps, (k - k0) / kK);
+      for (int64_t j = j0; j < j1; j += 32) {
+        const bool two = j + 32 <= j1;
+        for (int64_t s = 0; s < steps; ++s)
+          for (int r = 0; r < (two ? 32 : 16); ++r)
+            std::memcpy(a + s * 1024 + r * kK, w + (j + r) * k + k0 + s * kK, 64);
+        float *pa = acc.data() + (j - j0) / 32 * panel_floats;
+        if (two)
+          panel_groups<2>(a, steps, xv + k0 * kTok, k, groups, pa, k0 == 0);
+        else
+          panel_groups<1>(a, steps, xv + k0 * kTok, k, groups, pa, k0 == 0);
+      }
+    }
+    for (int64_t j = j0; j < j1; j += 32)
+      for (int64_t g = 0; g < groups; ++g)
+        for (int r = 0; r < (j + 32 <= j1 ? 2 : 1); ++r)
+          store_block(acc.data() + (j - j0) / 32 * panel_floats + (g / 2 * 4 + r * 2 + g % 2) * 256,
+                      std::min(kTok, n - g * kTok), c + g * kTok * ldc + j + 16 * r, ldc);
+  }
+  _tile_release();
+}
+#pragma GCC pop_options
+
+}  // namespace msw::amx

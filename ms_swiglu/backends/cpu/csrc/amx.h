@@ -1,0 +1,17 @@
+// The AMX bfloat16 path: the weight-streaming GEMM on tiles (amx.cc).
+#pragma once
+
+#include <cstdint>
+
+namespace msw::amx {
+
+bool available();                        // the CPU has AMX-BF16 and Linux gave this process the tile data
+bool takes(int64_t k, int64_t m);        // shapes the tiles cover: k % 32 == 0, m % 16 == 0
+int64_t vnni_elements(int64_t n, int64_t k);  // size of to_vnni's output (uint16)
+// xv = x [n, k] as B tiles: per group of 16 tokens, pairs of k interleaved ([k/2][16 tokens][2]); tokens past
+// n are zero. Writes the pairs [p0, p1) of every group (callers split the work by pairs).
+void to_vnni(const uint16_t *x, int64_t n, int64_t k, uint16_t *xv, int64_t p0, int64_t p1);
+// c[t * ldc + j] = sum_k x[t, k] w[j, k] for j < m, t < n: w [m, k] bfloat16 read in place, xv from to_vnni.
+void rows(const uint16_t *xv, int64_t n, int64_t k, const uint16_t *w, int64_t m, float *c, int64_t ldc);
+
+}  // namespace msw::amx

@@ -30,7 +30,7 @@ from ms_swiglu.config import TOLERANCE as TOL, preset as preset_shape
 from ms_swiglu.errors import InputError
 from ms_swiglu.processes import alive, python
 from ms_swiglu.export.kit import AIR_DEFAULT_SHAPE, atc_command, converter_command, converter_config, write_scripts
-from ms_swiglu.export.mindir import graph_io, op_types
+from ms_swiglu.export.mindir import graph_io, int8_parameters, op_types
 
 # export target -> the backend whose graph it exports
 TARGETS = {"ascend": "ascend", "portable": "composite", "cpu": "cpu"}
@@ -65,11 +65,13 @@ class ExportRequest:
     force: bool = False
     air: bool = False  # AIR instead of MindIR (Ascend hosts only; deprecated in MindSpore 2.10)
     chip: str = chips.DEFAULT.key  # the Ascend chip family the kit is for (ms_swiglu.backends.chips)
+    quant: str = None  # "int8": weight-only int8 projections (a quantized converted file is int8 without it)
 
     def name(self, model):
         what = f"ffn{self.layers[0]}-{self.layers[1]}" if self.stack else f"mlp{self.layers[0]}"
         shape = f"-{self.static_shape[0]}x{self.static_shape[1]}" if self.static_shape else ""
-        return f"{model}-{what}-{self.target}-{self.dtype}{shape}"
+        weights = f"-w{self.quant}" if self.quant else ""
+        return f"{model}-{what}-{self.target}-{self.dtype}{weights}{shape}"
 
 
 def _sha256(path):
@@ -93,7 +95,7 @@ def _build(req, backend):
     """(network, hidden_size, intermediate_size, model name) for the request, on `backend`."""
     from ms_swiglu.checkpoint.load import load_block, load_ffn  # noqa: PLC0415
     from ms_swiglu.ffn import FFNBlock, FFNStack  # noqa: PLC0415
-    from ms_swiglu.mlp import PackedSwiGLUMLP  # noqa: PLC0415
+    from ms_swiglu.mlp import PackedSwiGLUMLP, to_quantized  # noqa: PLC0415
 
     import mindspore as ms  # noqa: PLC0415
 
@@ -106,17 +108,24 @@ def _build(req, backend):
             config.check_layer(layer)
         hidden, inter, model = config.hidden_size, config.intermediate_size, config.model_type
         if req.stack:
-            net = FFNStack([load_ffn(req.checkpoint, i, dtype=req.dtype, backend=backend) for i in layers])
+            net = FFNStack([load_ffn(req.checkpoint, i, dtype=req.dtype, backend=backend, quant=req.quant)
+                            for i in layers])
         else:
-            net = load_block(req.checkpoint, layers.start, dtype=req.dtype, backend=backend)
+            net = load_block(req.checkpoint, layers.start, dtype=req.dtype, backend=backend, quant=req.quant)
     else:
         hidden, inter = preset_shape(req.preset)
         model = req.preset
         ms.set_seed(req.seed)
+        dtype = req.dtype or "float32"
+
+        def mlp():
+            packed = PackedSwiGLUMLP(hidden, inter, dtype=dtype, backend="composite" if req.quant else backend)
+            return to_quantized(packed, req.quant, backend) if req.quant else packed
+
         if req.stack:
-            net = FFNStack([FFNBlock(hidden, inter, dtype=req.dtype or "float32", backend=backend) for _ in layers])
+            net = FFNStack([FFNBlock(hidden, inter, dtype=dtype, backend=backend, mlp=mlp()) for _ in layers])
         else:
-            net = PackedSwiGLUMLP(hidden, inter, dtype=req.dtype or "float32", backend=backend)
+            net = mlp()
     net.set_train(False)
     return net, hidden, inter, model
 
@@ -147,6 +156,25 @@ def _check_ops(found, target):
                           f"{found}")
     if extra:
         raise ExportError(f"{where}: expected only ops of {sorted(backend.allowed_ops)}, got {extra}")
+
+
+# what carries int8 weights in an ascend graph: the dense projections, the grouped experts
+QUANT_OPS = ("WeightQuantBatchMatmul", "GroupedMatmulV4")
+
+
+def _check_int8(net, mindir, found, target):
+    """A quantized network's MindIR holds its int8 weights as int8 (not dequantized at export), and its ascend
+    graph multiplies them with the weight-quant matmuls."""
+    import mindspore as ms  # noqa: PLC0415
+
+    want = {name: list(p.shape) for name, p in net.parameters_and_names() if p.dtype == ms.int8}
+    got = int8_parameters(mindir)
+    if sorted(want.values()) != sorted(got.values()):
+        raise VerificationError(f"export: expected int8 weights of shapes {sorted(want.values())} in the MindIR, "
+                                f"got {sorted(got.values())}")
+    if want and target == "ascend" and not set(QUANT_OPS) & set(found):
+        raise VerificationError(f"export --target ascend: expected {' or '.join(QUANT_OPS)} for the int8 weights, "
+                                f"got op types {found}")
 
 
 def _verify_in_fresh_process(mindir, golden, dtype):
@@ -243,6 +271,8 @@ def export(req):
     ms.set_context(mode=ms.GRAPH_MODE)
     net, hidden, inter, model = _build(req, TARGETS[req.target])
     req.dtype = str(param_dtype(net)).lower()  # None above: the checkpoint's dtype
+    quant = sorted({c.quant for _, c in net.cells_and_names() if getattr(c, "quant", None)})
+    req.quant = quant[0] if quant else None  # a quantized converted file: int8 without --quantize
     if req.target != "cpu":
         try:
             chips.check_dtype(req.dtype, chip)
@@ -254,7 +284,8 @@ def export(req):
     out = _prepare_output(req, (model_file,) + ARTIFACTS)
     backend = backends.get(TARGETS[req.target])
     runs_here = backend.runs_on(device)
-    ref = net if runs_here else _build(req, "composite")[0]  # e.g. Swiglu has no CPU kernel
+    # e.g. Swiglu has no CPU kernel: the golden outputs come from the cpu twin (int8: its kernels) or composite
+    ref = net if runs_here else _build(req, "cpu" if req.quant and device == "CPU" else "composite")[0]
 
     with _locked(out):
         _prepare_output(req, (model_file,) + ARTIFACTS)  # again, under the lock: another export may have ended
@@ -269,6 +300,7 @@ def export(req):
             found = op_types(os.path.join(work, model_file)) if fmt == "MINDIR" else []
             if fmt == "MINDIR":
                 _check_ops(found, req.target)
+                _check_int8(net, os.path.join(work, model_file), found, req.target)
             io = graph_io(os.path.join(work, model_file)) if fmt == "MINDIR" else {"inputs": [], "outputs": []}
 
             golden_dir = os.path.join(work, "golden")
@@ -318,6 +350,8 @@ def export(req):
                            "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP or MoE -> residual)"
                            if req.stack else type(net).__name__},
                 "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype, "moe": _moe_note(req),
+                "weights": {"quant": req.quant, "format": "int8 per output row, float32 scale (w = scale * q), "
+                            "activations in the dtype"} if req.quant else {"quant": None},
                 "inputs": [{"name": input_name, "shape": shape, "dtype": req.dtype, "dynamic": [i for i, d in
                                                                                             enumerate(shape) if d < 0]}],
                 "outputs": [{"shape": shape, "dtype": req.dtype}],

@@ -53,6 +53,14 @@ def graph_io(path):
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
 
 
+def int8_parameters(path):
+    """``{name: shape}`` of a MindIR's int8 weights (weight-only quantized projections)."""
+    model = mind_ir_pb2.ModelProto()
+    with open(path, "rb") as f:
+        model.ParseFromString(f.read())
+    return {p.name: list(p.dims) for p in model.graph.parameter if p.data_type == mind_ir_pb2.TensorProto.INT8}
+
+
 def parameters(path):
     """``{name: float32 array}`` of a MindIR's weights stored inside it (float32, float16, bfloat16; names as
     MindSpore gives them, e.g. ``<graph>:gate_up_proj.weight``), without loading it into MindSpore."""

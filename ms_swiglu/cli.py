@@ -5,6 +5,7 @@ that fails is a bug or the environment (exit 1, one line, the traceback kept in 
 output appears whole or not at all, and an existing one is kept unless --force (``ms_swiglu.outputs``).
 """
 import datetime
+import json
 import os
 import sys
 import tempfile
@@ -14,11 +15,13 @@ import numpy as np
 
 from ms_swiglu.backends import NAMES as BACKENDS
 from ms_swiglu.backends.chips import BY_KEY as CHIPS, DEFAULT as DEFAULT_CHIP
-from ms_swiglu.checkpoint import dump_safetensors, load_dense_layer, load_moe_layer, read_config
+from ms_swiglu.checkpoint import dump_safetensors, read_config
+from ms_swiglu.checkpoint.converted import (ConvertedFile, float32_kinds, is_converted, metadata, quantize_layer,
+                                            rank_paths, read_hf_layer, shard_layer, tensor_names)
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
 from ms_swiglu.errors import ArgumentParser, InputError
 from ms_swiglu.outputs import OutputSet, check_writable
-from ms_swiglu.packing import shard_down, shard_packed
+from ms_swiglu.packing import QUANT
 from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import end_line, progress
 from ms_swiglu.runner import check_fits, layer_bytes, read_input, run_layer
@@ -63,6 +66,8 @@ def cmd_run(args):
     config = read_config(args.checkpoint)
     config.check_layer(args.layer)
     config.check_tp(args.tp_size, [args.layer])
+    if is_converted(args.checkpoint):  # the file of the same --tp-size, holding the layer
+        ConvertedFile(args.checkpoint, args.tp_size).check_layer(args.layer)
     x = read_input(args.input, config.hidden_size) if args.input else None
     check_fits("--input" if args.input else "--tokens",
                layer_bytes(config, args.layer, x.size // config.hidden_size if x is not None else args.tokens))
@@ -75,66 +80,45 @@ def cmd_run(args):
         return launch(args, x, out)
     with scratch_cwd():  # MindSpore and AKG write compile files into the working directory
         run_layer(os.path.abspath(args.checkpoint), args.layer, x, config=config, dtype=args.dtype,
-                  backend=args.backend, repeat=args.repeat, output=out, force=args.force)
+                  backend=args.backend, repeat=args.repeat, output=out, force=args.force, quant=args.quantize)
     return 0
-
-
-def _rank_paths(path, tp_size):
-    if tp_size == 1:
-        return [path]
-    stem, ext = os.path.splitext(path)
-    return [f"{stem}-tp{r}-of-{tp_size}{ext or '.safetensors'}" for r in range(tp_size)]
-
-
-def _layer_tensors(config, folder, layer):
-    """(``{converted name: array}`` of one layer, all ranks; the checkpoint's dtype; the names that shard like
-    gate_up, like down, and that stay float32)."""
-    if not config.is_moe_layer(layer):
-        w, dtype = load_dense_layer(folder, layer, config)
-        p = f"model.layers.{layer}.mlp."
-        return {p + "gate_up_proj.weight": w["gate_up"], p + "down_proj.weight": w["down"]}, dtype, ({
-            p + "gate_up_proj.weight"}, {p + "down_proj.weight"}, set())
-    w, dtype = load_moe_layer(folder, layer, config)
-    keys = config.keys
-    p = keys.prefix(layer)
-    names = {"router": "gate.weight", "gate_up": "experts.gate_up_proj.weight", "down": "experts.down_proj.weight",
-             "bias": keys.bias, "shared_gate_up": keys.shared + "gate_up_proj.weight",
-             "shared_down": keys.shared + "down_proj.weight", "shared_gate": keys.shared_gate}
-    tensors = {p + names[k]: a for k, a in w.items()}  # gate_up [E, 2I, H], down [E, H, I], the rest replicated
-
-    def named(*kinds):
-        return {p + names[k] for k in kinds if k in w}
-
-    return tensors, dtype, (named("gate_up", "shared_gate_up"), named("down", "shared_down"), named("bias"))
 
 
 def cmd_convert(args):
     """Every rank's file is written in full beside its name, then all are put in place together: a failure
     leaves none, and each file names its set (``set``, ``tp_size``, ``rank``) so that a reader can tell a whole
-    set from the files an interrupted commit put in place."""
+    set from the files an interrupted commit put in place. ``--quantize int8`` quantizes each whole projection
+    before it is sharded, so that every rank's rows carry the scales of the unsharded layer."""
     _count("--tp-size", args.tp_size)
+    if os.path.isfile(args.checkpoint):
+        raise UsageError(f"--checkpoint: expected a HuggingFace checkpoint folder, got the file {args.checkpoint}")
     config = read_config(args.checkpoint)
     layers = _layers(f"0-{config.num_hidden_layers - 1}" if args.layers is None else args.layers, config)
     config.check_tp(args.tp_size, layers)
+    with open(os.path.join(args.checkpoint, "config.json")) as f:
+        config_json = json.load(f)  # read_config has checked it
     ranks = [{} for _ in range(args.tp_size)]
-    with OutputSet(_rank_paths(args.output, args.tp_size), args.force) as out:
+    with OutputSet(rank_paths(args.output, args.tp_size), args.force) as out:
         dtype, float32 = args.dtype, set()
         for i, layer in enumerate(layers):
-            tensors, ckpt_dtype, (packed, down, f32) = _layer_tensors(config, args.checkpoint, layer)
-            dtype, float32 = dtype or ckpt_dtype, float32 | f32
+            tensors, ckpt_dtype = read_hf_layer(config, args.checkpoint, layer)
+            tensors = quantize_layer(tensors, args.quantize) if args.quantize else tensors
+            dtype, names = dtype or ckpt_dtype, tensor_names(config, layer)
+
+            def name(kind):
+                return names[kind] if kind in names else names[kind.removesuffix("_scale")] + "_scale"
+
+            float32 |= {name(k) for k in float32_kinds(tensors)}
             for rank, rank_tensors in enumerate(ranks):
-                for name, a in tensors.items():
-                    rank_tensors[name] = (shard_packed(a, args.tp_size, rank) if name in packed else  # [2I/p, H]
-                                          shard_down(a, args.tp_size, rank) if name in down else a)  # [H, I/p]
+                rank_tensors.update({name(k): a for k, a in shard_layer(tensors, args.tp_size, rank).items()})
             progress("convert", i + 1, len(layers), "layers")
         for rank, (path, tensors) in enumerate(zip(out.paths, ranks)):
-            meta = {"format": "ms_swiglu.packed", "layout": "gate_up rows [gate; up]",
-                    "model_type": config.model_type, "tp_size": args.tp_size, "rank": rank,
-                    "layers": f"{layers.start}-{layers.stop - 1}", "set": out.token}
+            meta = metadata(config_json, dtype, args.quantize, args.tp_size, rank, layers, out.token)
             out.write(path, lambda tmp, t=tensors, m=meta: dump_safetensors(tmp, t, dtype, m, float32=float32))
         out.commit()
+    what = f"{dtype}, projections int8" if args.quantize else dtype
     for path, tensors in zip(out.paths, ranks):
-        print(f"wrote {path} ({len(tensors)} tensors, {dtype})")
+        print(f"wrote {path} ({len(tensors)} tensors, {what})")
     return 0
 
 
@@ -171,7 +155,7 @@ def cmd_export(args):
     req = ExportRequest(output_dir=args.output_dir, target=args.target, checkpoint=args.checkpoint,
                         preset=args.preset, seed=args.seed, layers=(layers.start, layers.stop - 1),
                         stack=args.layers is not None, dtype=args.dtype, force=args.force, air=args.air,
-                        chip=args.chip, static_shape=static)
+                        chip=args.chip, static_shape=static, quant=args.quantize)
     manifest = export(req)
     out = os.path.abspath(args.output_dir)
     numerics = manifest["verification"]["numerics"]
@@ -191,7 +175,10 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
 
     run = sub.add_parser("run", help="run the packed MLP of one checkpoint layer in GRAPH_MODE")
-    run.add_argument("--checkpoint", required=True, help="HuggingFace checkpoint folder")
+    run.add_argument("--checkpoint", required=True,
+                     help="HuggingFace checkpoint folder, or FILE.safetensors written by convert")
+    run.add_argument("--quantize", choices=QUANT, help="weight-only quantization at load (a converted file keeps "
+                                                       "its own)")
     run.add_argument("--layer", type=int, required=True)
     run.add_argument("--input", help="float .npy of shape [..., hidden_size]")
     run.add_argument("--output", help="write the output here as float32 .npy")
@@ -212,12 +199,16 @@ def build_parser():
     conv.add_argument("--layers", help="A-B (default: all)")
     conv.add_argument("--tp-size", type=int, default=1)
     conv.add_argument("--dtype", choices=DTYPE_NAMES, help="default: the checkpoint's")
+    conv.add_argument("--quantize", choices=QUANT,
+                      help="int8: the projections weight-only int8 with a float32 scale per output row")
     conv.add_argument("--force", action="store_true")
     conv.set_defaults(func=cmd_convert)
 
     exp = sub.add_parser("export", help="write a verified MindIR and an Ascend deployment kit")
     src = exp.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="HuggingFace checkpoint folder")
+    src.add_argument("--checkpoint", help="HuggingFace checkpoint folder, or FILE.safetensors written by convert")
+    exp.add_argument("--quantize", choices=QUANT, help="weight-only quantization at load (a converted file keeps "
+                                                       "its own)")
     src.add_argument("--preset", choices=sorted(PRESETS), help="seeded random weights of a known shape")
     exp.add_argument("--layer", type=int, help="the MLP of this layer (with --checkpoint)")
     exp.add_argument("--layers", help="A-B: a stack of FFN blocks (RMSNorm -> MLP -> residual)")

@@ -4,8 +4,7 @@ Shape legend: T = tokens (any leading dims), H = hidden_size, I = intermediate_s
 """
 import mindspore as ms
 import numpy as np
-from mindspore import nn, ops
-from mindspore.common import dtype as mstype
+from mindspore import nn
 
 from ms_swiglu import backends
 from ms_swiglu.backends.spec import SwiGLUOp
@@ -15,21 +14,20 @@ from ms_swiglu.mlp import PackedSwiGLUMLP
 
 
 class RMSNorm(nn.Cell):
-    """``weight * x / sqrt(mean(x^2) + eps)``, statistics and scaling in float32, rounded once.
+    """``weight * x / sqrt(mean(x^2) + eps)``, statistics and scaling in float32, rounded once, on ``backend``
+    (its fused op, or MindSpore's ops).
 
     Shapes:
         x: [T, H]    weight: [H]    out: [T, H]
     """
 
-    def __init__(self, hidden_size, eps=1e-6, dtype=ms.float32):
+    def __init__(self, hidden_size, eps=1e-6, dtype=ms.float32, backend="auto"):
         super().__init__()
-        self.eps = eps
         self.weight = ms.Parameter(ms.Tensor(np.ones(hidden_size, np.float32)).astype(to_dtype(dtype)), name="weight")
+        self.norm = backends.resolve(backend).rms_norm(eps)
 
     def construct(self, x):
-        x32 = x.astype(mstype.float32)
-        var = ops.mean(x32 * x32, -1, keep_dims=True)  # [T, H] -> [T, 1], float32
-        return (x32 * ops.rsqrt(var + self.eps) * self.weight.astype(mstype.float32)).astype(x.dtype)
+        return self.norm(x, self.weight)
 
 
 RECOMPUTE = ("none", "full", "selective")
@@ -55,10 +53,13 @@ class FFNBlock(nn.Cell):
         super().__init__()
         if recompute not in RECOMPUTE:
             raise InputError(f"recompute: expected one of {', '.join(RECOMPUTE)}, got {recompute!r}")
-        self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype)
         self.mlp = mlp or PackedSwiGLUMLP(hidden_size, intermediate_size, dtype=dtype, backend=backend)
+        # the norm and the residual add on the MLP's backend (the unpacked baseline has none: then `backend`)
+        ops_backend = getattr(self.mlp, "backend", None) or backends.resolve(backend)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype, backend=ops_backend)
+        self.residual = ops_backend.add()
         self.recompute_mode = recompute
-        backend = getattr(self.mlp, "backend", None)  # the unpacked baseline has none: it recomputes nothing
+        backend = getattr(self.mlp, "backend", None)  # the unpacked baseline recomputes nothing
         if recompute != "none" and not (backend and backend.recomputable):
             able = ", ".join(name for name in backends.REGISTRY if backends.get(name).recomputable)
             name = backend.name if backend else "none"
@@ -73,7 +74,7 @@ class FFNBlock(nn.Cell):
                 act.recompute()
 
     def construct(self, x):
-        return x + self.mlp(self.post_attention_layernorm(x))  # [T, H] -> [T, H]
+        return self.residual(x, self.mlp(self.post_attention_layernorm(x)))  # [T, H] -> [T, H]
 
 
 class FFNStack(nn.Cell):

@@ -9,13 +9,15 @@ MatMul followed by the backend's SwiGLU op.
 import math
 
 import mindspore as ms
-from mindspore import Parameter, nn, ops
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import HeUniform, initializer
 
 from ms_swiglu.backends import resolve
 from ms_swiglu.backends.matmul import cpu_upcast, matmul
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
+from ms_swiglu.packing import check_quant
 
 
 class Dense(nn.Dense):
@@ -38,21 +40,31 @@ class Dense(nn.Dense):
 class Linear(nn.Cell):
     """``x W^T`` (bias-free); with ``swiglu``, ``SiLU(gate) * up`` of the packed output ``[gate, up]``.
 
+    ``quant="int8"``: weight-only int8 (W8A16), ``weight`` int8 and ``weight_scale`` float32 per output row
+    (``ms_swiglu.packing.quantize_int8``); ``x`` and the output stay in ``dtype``. Inference only.
+
     Shapes:
-        x:      [T, d_in]
-        weight: [d_out, d_in]
-        out:    [T, d_out], or [T, d_out / 2] with ``swiglu``
+        x:            [T, d_in]
+        weight:       [d_out, d_in]  (int8 with quant)
+        weight_scale: [d_out]        (quant only)
+        out:          [T, d_out], or [T, d_out / 2] with ``swiglu``
     """
 
-    def __init__(self, d_in, d_out, *, dtype=ms.float32, backend="auto", swiglu=False):
+    def __init__(self, d_in, d_out, *, dtype=ms.float32, backend="auto", swiglu=False, quant=None):
         super().__init__()
         if swiglu and d_out % 2:
             raise InputError(f"swiglu: expected an even d_out (2I, [gate, up]), got {d_out}")
-        dtype = to_dtype(dtype)
+        self.dtype, self.quant = to_dtype(dtype), check_quant(quant)
         self.backend = resolve(backend)
-        self.weight = Parameter(initializer(HeUniform(math.sqrt(5)), [d_out, d_in], dtype), name="weight")
-        self.op = self.backend.linear(dtype, swiglu)
+        if quant:
+            self.weight = Parameter(Tensor(np.zeros((d_out, d_in), np.int8)), name="weight", requires_grad=False)
+            self.weight_scale = Parameter(Tensor(np.ones(d_out, np.float32)), name="weight_scale",
+                                          requires_grad=False)
+        else:
+            self.weight = Parameter(initializer(HeUniform(math.sqrt(5)), [d_out, d_in], self.dtype), name="weight")
+            self.weight_scale = None
+        self.op = self.backend.linear(self.dtype, swiglu, quant)
 
     def construct(self, x):
-        return self.op(x, self.weight)
+        return self.op(x, self.weight, self.weight_scale)
 

@@ -11,7 +11,7 @@ from ms_swiglu.backends import resolve
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
 from ms_swiglu.linear import Dense, Linear
-from ms_swiglu.packing import check_tp, pack_state_dict, unpack_state_dict
+from ms_swiglu.packing import check_quant, check_tp, pack_state_dict, quantize_state_dict, unpack_state_dict
 from ms_swiglu.parallel import reduce_cell
 
 
@@ -24,21 +24,24 @@ class PackedSwiGLUMLP(nn.Cell):
     With ``tp_size`` p > 1 this rank holds the column-parallel ``[gate_r; up_r]`` and the row-parallel
     ``down[:, r]``, and an AllReduce sums the ranks' partial outputs (``ms_swiglu.parallel``).
 
+    ``quant="int8"``: both projections weight-only int8, each row with its float32 scale (``*.weight_scale``:
+    gate and up rows keep their own; down's scales cover whole rows, so every rank holds all H of them).
+
     Shapes:
         x:                   [T, H]
-        gate_up_proj.weight: [2I/p, H]
-        down_proj.weight:    [H, I/p]
+        gate_up_proj.weight: [2I/p, H]   (int8 with quant; gate_up_proj.weight_scale [2I/p])
+        down_proj.weight:    [H, I/p]    (int8 with quant; down_proj.weight_scale [H])
         out:                 [T, H]
     """
 
-    def __init__(self, hidden_size, intermediate_size, *, dtype=ms.float32, backend="auto", tp_size=1):
+    def __init__(self, hidden_size, intermediate_size, *, dtype=ms.float32, backend="auto", tp_size=1, quant=None):
         super().__init__()
-        dtype = to_dtype(dtype)
+        self.compute_dtype = dtype = to_dtype(dtype)
         check_tp(intermediate_size, tp_size)
         self.hidden_size, self.intermediate_size, self.tp_size = hidden_size, intermediate_size, tp_size
-        self.backend, local = resolve(backend), intermediate_size // tp_size
-        self.gate_up_proj = Linear(hidden_size, 2 * local, dtype=dtype, backend=self.backend, swiglu=True)
-        self.down_proj = Linear(local, hidden_size, dtype=dtype, backend=self.backend)
+        self.backend, local, self.quant = resolve(backend), intermediate_size // tp_size, check_quant(quant)
+        self.gate_up_proj = Linear(hidden_size, 2 * local, dtype=dtype, backend=self.backend, swiglu=True, quant=quant)
+        self.down_proj = Linear(local, hidden_size, dtype=dtype, backend=self.backend, quant=quant)
         self.reduce = reduce_cell(tp_size)
 
     def construct(self, x):
@@ -77,8 +80,20 @@ def to_packed(mlp, *, backend="auto"):
     return load_weights(packed, pack_state_dict(weights(mlp)))
 
 
+def to_quantized(packed, quant="int8", backend=None):
+    """A weight-only quantized copy of a float :class:`PackedSwiGLUMLP` (same dtype and tp_size; on ``backend``,
+    by default the same)."""
+    if packed.quant:
+        raise InputError(f"to_quantized: expected a float PackedSwiGLUMLP, got one quantized to {packed.quant}")
+    mlp = PackedSwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=packed.compute_dtype,
+                          backend=backend or packed.backend, tp_size=packed.tp_size, quant=check_quant(quant))
+    return load_weights(mlp, quantize_state_dict(weights(packed)))
+
+
 def to_unpacked(packed):
     """The :class:`SwiGLUMLP` with the weights of a :class:`PackedSwiGLUMLP` (``gate_up -> gate, up``)."""
+    if packed.quant:
+        raise InputError(f"to_unpacked: expected a float PackedSwiGLUMLP, got one quantized to {packed.quant}")
     dtype = packed.down_proj.weight.dtype
     mlp = SwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=dtype)
     return load_weights(mlp, unpack_state_dict(weights(packed)))
@@ -90,7 +105,11 @@ def weights(cell):
 
 
 def param_dtype(cell):
-    """The dtype of a Cell's weights (its first parameter's)."""
+    """The compute dtype of a Cell: that of its first packed MLP or MoE block (int8 weights compute in it), or
+    else of its first parameter."""
+    for _, c in cell.cells_and_names():
+        if getattr(c, "compute_dtype", None) is not None:
+            return c.compute_dtype
     return next(iter(cell.get_parameters())).dtype
 
 

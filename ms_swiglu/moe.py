@@ -9,7 +9,7 @@ k = top_k, p = tp_size, I_s = shared_intermediate_size.
 """
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.common.initializer import HeUniform, initializer
 
@@ -19,7 +19,7 @@ from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
 from ms_swiglu.linear import Dense
 from ms_swiglu.mlp import PackedSwiGLUMLP
-from ms_swiglu.packing import check_tp
+from ms_swiglu.packing import check_quant, check_tp
 from ms_swiglu.parallel import reduce_cell
 from ms_swiglu.routers import SigmoidGroupTopK, SoftmaxTopK
 
@@ -36,13 +36,19 @@ class StackedExperts(nn.Cell):
         (backends with ``experts_in_out``: [E, H, 2I/p] and [E, I/p, H], converted by :meth:`layout`)
     """
 
-    def __init__(self, hidden_size, intermediate_size, num_experts, *, dtype, backend):
+    def __init__(self, hidden_size, intermediate_size, num_experts, *, dtype, backend, quant=None):
         super().__init__()
         self.in_out = backend.experts_in_out
         gate_up, down = (num_experts, 2 * intermediate_size, hidden_size), (num_experts, hidden_size, intermediate_size)
-        self.gate_up_proj = Parameter(initializer(HeUniform(np.sqrt(5)), self.layout(gate_up), dtype), name="gate_up_proj")
-        self.down_proj = Parameter(initializer(HeUniform(np.sqrt(5)), self.layout(down), dtype), name="down_proj")
-        self.op = backend.experts(dtype)
+        if quant:  # int8, a float32 scale per output row of every expert
+            self.gate_up_proj, self.gate_up_proj_scale = _int8(self.layout(gate_up), "gate_up_proj", gate_up[:2])
+            self.down_proj, self.down_proj_scale = _int8(self.layout(down), "down_proj", down[:2])
+        else:
+            self.gate_up_proj = Parameter(initializer(HeUniform(np.sqrt(5)), self.layout(gate_up), dtype),
+                                          name="gate_up_proj")
+            self.down_proj = Parameter(initializer(HeUniform(np.sqrt(5)), self.layout(down), dtype), name="down_proj")
+            self.gate_up_proj_scale = self.down_proj_scale = None
+        self.op = backend.experts(dtype, quant)
 
     def layout(self, w):
         """A stacked weight [E, out, in] (or its shape) as this Cell stores it."""
@@ -51,7 +57,13 @@ class StackedExperts(nn.Cell):
         return np.ascontiguousarray(np.swapaxes(w, 1, 2)) if self.in_out else w
 
     def construct(self, x, ids, weights):
-        return self.op(x, ids, weights, self.gate_up_proj, self.down_proj)
+        return self.op(x, ids, weights, self.gate_up_proj, self.down_proj, self.gate_up_proj_scale,
+                       self.down_proj_scale)
+
+
+def _int8(shape, name, scale_shape):
+    return (Parameter(Tensor(np.zeros(shape, np.int8)), name=name, requires_grad=False),
+            Parameter(Tensor(np.ones(scale_shape, np.float32)), name=f"{name}_scale", requires_grad=False))
 
 
 class PackedMoE(nn.Cell):
@@ -62,7 +74,8 @@ class PackedMoE(nn.Cell):
     ``n_group``, ``topk_group``, ``routed_scaling_factor``. ``shared_intermediate_size`` > 0 adds a shared
     expert (a :class:`PackedSwiGLUMLP` on every token), scaled by ``sigmoid(shared_expert_gate(x))`` with
     ``shared_expert_gate`` (Qwen2-MoE). With ``tp_size`` p > 1 every expert (shared too) holds its rank's
-    ``[gate_r; up_r]`` and ``down[:, r]``, and one AllReduce sums the block.
+    ``[gate_r; up_r]`` and ``down[:, r]``, and one AllReduce sums the block. ``quant="int8"``: the experts (and
+    the shared expert) weight-only int8, ``experts.*_scale`` [E, 2I/p] and [E, H]; the router stays float.
 
     Shapes:
         x:                       [T, H]  (any leading dims)
@@ -75,14 +88,15 @@ class PackedMoE(nn.Cell):
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, *, dtype=ms.float32, backend="auto",
                  renormalize=True, tp_size=1, scoring="softmax", n_group=1, topk_group=1, routed_scaling_factor=1.0,
-                 shared_intermediate_size=0, shared_expert_gate=False):
+                 shared_intermediate_size=0, shared_expert_gate=False, quant=None):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise InputError(f"top_k: expected 1..num_experts ({num_experts}), got {top_k}")
         if scoring not in SCORING:
             raise InputError(f"scoring: expected one of {', '.join(SCORING)}, got {scoring!r}")
         check_tp(intermediate_size, tp_size)
-        dtype, self.backend = to_dtype(dtype), resolve(backend)
+        self.compute_dtype = dtype = to_dtype(dtype)
+        self.backend, self.quant = resolve(backend), check_quant(quant)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.top_k = num_experts, top_k
         if scoring == "softmax":
@@ -93,12 +107,12 @@ class PackedMoE(nn.Cell):
                                            renormalize=renormalize, routed_scaling_factor=routed_scaling_factor,
                                            backend=self.backend)
         self.experts = StackedExperts(hidden_size, intermediate_size // tp_size, num_experts, dtype=dtype,
-                                      backend=self.backend)
+                                      backend=self.backend, quant=quant)
         self.shared_expert = self.shared_expert_gate = None
         if shared_intermediate_size:
             check_tp(shared_intermediate_size, tp_size)
             self.shared_expert = PackedSwiGLUMLP(hidden_size, shared_intermediate_size // tp_size, dtype=dtype,
-                                                 backend=self.backend)
+                                                 backend=self.backend, quant=quant)
             if shared_expert_gate:
                 self.shared_expert_gate = Dense(hidden_size, 1, dtype, self.backend)
         self.upcast = cpu_upcast(dtype, self.backend)

@@ -67,6 +67,56 @@ def unpack_state_dict(state):
     return out
 
 
+QUANT = ("int8",)  # weight-only quantizations (None: the weights in the compute dtype)
+
+
+def check_quant(quant):
+    if quant not in (None, *QUANT):
+        raise InputError(f"quant: expected None or one of {', '.join(QUANT)}, got {quant!r}")
+    return quant
+
+
+def quantize_int8(w):
+    """Per-output-channel symmetric int8 (weight-only, W8A16): ``(q, scale)`` with ``w ~ scale[..., None] * q``,
+    ``q`` in [-127, 127] and ``scale = max|row| / 127`` in float32 (1 for a row of zeros). Every row keeps its own
+    scale, so packing ``[gate; up]`` and tensor-parallel sharding stay row operations on ``(q, scale)``.
+
+    Shapes:
+        w: [..., M, K] (float)    q: [..., M, K] int8    scale: [..., M] float32
+    """
+    w = np.asarray(w, np.float32)
+    if not np.isfinite(w).all():
+        raise InputError(f"quantize: expected finite weights, got {int((~np.isfinite(w)).sum())} NaN/inf values "
+                         f"in a {list(w.shape)} tensor")
+    amax = np.abs(w).max(-1) if w.shape[-1] else np.zeros(w.shape[:-1], np.float32)
+    scale = np.where(amax > 0, amax / 127, 1).astype(np.float32)
+    q = np.clip(np.rint(w / scale[..., None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def quantized_name(name):
+    """Whether the quantizations quantize the weight ``name`` of an MLP / MoE state dict: the projections (packed
+    gate/up, down, stacked experts, the shared expert), not the router, its bias or the shared expert's gate."""
+    return name.endswith(("gate_up_proj.weight", "down_proj.weight", "experts.gate_up_proj", "experts.down_proj"))
+
+
+def quantize_state_dict(state):
+    """``state`` with every projection weight (:func:`quantized_name`) as int8 and its scales beside it, named
+    ``{name}_scale``: ``gate_up_proj.weight`` -> ``gate_up_proj.weight`` (int8), ``gate_up_proj.weight_scale``."""
+    out = {}
+    for name, w in state.items():
+        if quantized_name(name):
+            out[name], out[f"{name}_scale"] = quantize_int8(w)
+        else:
+            out[name] = w
+    return out
+
+
+def dequantize_int8(q, scale):
+    """The float32 weights ``scale[..., None] * q`` that an int8 ``(q, scale)`` stands for (exact)."""
+    return np.asarray(q, np.float32) * np.asarray(scale, np.float32)[..., None]
+
+
 def check_tp(inter, tp_size, rank=0):
     """ValueError unless tp_size divides intermediate_size and 0 <= rank < tp_size."""
     if not isinstance(tp_size, int) or tp_size < 1 or inter % tp_size:

@@ -6,19 +6,25 @@ block ``down[:, r]`` ([H, I/p]); it computes ``SiLU(x W_gate,r) * (x W_up,r) W_d
 AllReduce sums the partial outputs. The split itself lives in ``ms_swiglu.packing`` (``shard_packed``,
 ``shard_down``) and in the checkpoint loader, which reads only the rank's block.
 """
+import mindspore as ms
 from mindspore import nn, ops
+from mindspore.common import dtype as mstype
 
 from ms_swiglu.errors import InputError
 
 
 class AllReduceSum(nn.Cell):
-    """Sums a tensor over the ranks of the world group. Shapes: [T, H] -> [T, H]."""
+    """Sums a tensor over the ranks of the world group. Shapes: [T, H] -> [T, H]. bfloat16 is summed in float32
+    on a CPU device (its AllReduce has float32 and float16 kernels only), and rounded once."""
 
     def __init__(self):
         super().__init__()
         self.all_reduce = ops.AllReduce()
+        self.widen_bf16 = ms.get_context("device_target") == "CPU"
 
     def construct(self, x):
+        if self.widen_bf16 and x.dtype == mstype.bfloat16:
+            return self.all_reduce(x.astype(mstype.float32)).astype(x.dtype)
         return self.all_reduce(x)
 
 

@@ -79,7 +79,7 @@ def _save(path, array):
 
 
 def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repeat=3, tp_size=1, output=None,
-              force=False):
+              force=False, quant=None):
     """Build the layer's FFN (this rank's part of it, having joined the launched group when tp_size > 1), run
     it on ``x`` [..., H], print the result line and, on rank 0, write the output as float32 ``.npy``. A backend
     without dynamic shapes (akg) is compiled for the shape of ``x``."""
@@ -101,7 +101,7 @@ def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repea
         from ms_swiglu import parallel  # noqa: PLC0415
 
         rank = parallel.init(tp_size)
-    mlp = load_block(checkpoint, layer, dtype=dtype, backend=backend, tp_size=tp_size, rank=rank)
+    mlp = load_block(checkpoint, layer, dtype=dtype, backend=backend, tp_size=tp_size, rank=rank, quant=quant)
     ms_dtype = param_dtype(mlp)
     if backend.dynamic_shapes:
         mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=ms_dtype))
@@ -118,7 +118,8 @@ def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repea
     block = f"MoE {config.num_local_experts} experts top-{config.num_experts_per_tok}" if config.is_moe_layer(
         layer) else "MLP"
     tp = f", tp {tp_size}" if tp_size > 1 else ""
-    print(f"device {device}{tp}, backend {mlp.backend.name}, dtype {str(ms_dtype).lower()}, {block} layer {layer} "
+    weights = f", weights {mlp.quant}" if mlp.quant else ""
+    print(f"device {device}{tp}, backend {mlp.backend.name}, dtype {str(ms_dtype).lower()}{weights}, {block} layer {layer} "
           f"of {config.model_type}, input {list(x.shape)} -> output {list(y.shape)}, latency "
           f"{statistics.median(times):.3f} ms (median of {repeat}, min {min(times):.3f})", flush=True)
     if output:

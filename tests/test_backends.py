@@ -53,7 +53,8 @@ def test_a_new_backend_is_one_module_and_one_registry_line(tmp_path, monkeypatch
             return composite.swiglu(x) * 2
 
         BACKEND = dataclasses.replace(composite.BACKEND, name="twice", swiglu=lambda: SwiGLUOp(_twice),
-                                      linear=lambda dtype, swiglu: MatMulLinear(BACKEND, dtype, swiglu),
+                                      linear=lambda dtype, swiglu, quant=None: MatMulLinear(BACKEND, dtype, swiglu,
+                                                                                             quant),
                                       recomputable=False)
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))

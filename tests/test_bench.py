@@ -112,3 +112,12 @@ def test_bench_linear_times_every_path(tmp_path):
         assert r["path"] == kernels.path(r["dtype"], r["tokens"])  # the automatic choice, restored after forcing
     bf16_9 = "amx" if kernels.tuning()["amx_available"] else "onednn"
     assert [r["path"] for r in data["rows"]] == ["skinny", "onednn-swapped", "skinny", bf16_9]
+
+
+def test_bench_help_lists_every_option():
+    """--help formats every option's help (a literal % in one broke it)."""
+    r = subprocess.run(CLI + ["bench", "--help"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for option in ("--model-blocks", "--retries", "--peer-python", "--layers"):
+        assert option in r.stdout
+    assert "take > 5% of the CPU" in " ".join(r.stdout.split())

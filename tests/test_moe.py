@@ -192,9 +192,8 @@ def test_one_launch_per_grouped_gemm_and_one_compile_for_every_token_count():
         before = kernels.launches()
         _close(moe(x), ref_block(x64, p)[0], "float32", f"T={t}")
         after = kernels.launches()
-        assert {op: after[op] - before[op] for op in after} == {"SwigluFwd": 0, "SwigluBwd": 0, "Linear": 1,
-                                                                  "GateUpSwiglu": 0, "MoeGateUpSwiglu": 1,
-                                                                  "MoeDownCombine": 1, "RmsNorm": 0, "Add": 0}
+        assert {op: after[op] - before[op] for op in after} == dict.fromkeys(kernels.ops(), 0) | {
+            "Linear": 1, "MoeGateUpSwiglu": 1, "MoeDownCombine": 1}
     assert len(moe.compile_cache) == 1
 
 

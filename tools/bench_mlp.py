@@ -433,7 +433,7 @@ def main(argv=None):
     parser.add_argument("--model-blocks", type=int, default=0,
                         help="also time each variant in a model: this many FFN blocks (RMSNorm -> MLP -> residual)")
     parser.add_argument("--retries", type=int, default=2,
-                        help=f"re-run a token count this often while other processes take > {DISTURBED:.0%} of the CPU")
+                        help=f"re-run a token count this often while other processes take > {DISTURBED * 100:.0f}%% of the CPU")
     parser.add_argument("--peer-python", help="an interpreter with torch: adds HF LlamaMLP in PyTorch as a peer")
     parser.add_argument("--memory", action="store_true", help="peak memory per variant, each in its own process")
     parser.add_argument("--json")

@@ -3,17 +3,20 @@ Atlas A2/A3. Not run on hardware here: no NPU on the machine this package is tes
 export to MindIR on the CPU; the exporter checks their op types against :data:`ASCEND_OPS`."""
 import mindspore as ms
 from mindspore import nn, ops
-from mindspore.ops.auto_generate import GroupedMatmulV4, MoeInitRoutingV2, MoeTokenUnpermute
+from mindspore.ops.auto_generate import GroupedMatmulV4, MoeInitRoutingV2, MoeTokenUnpermute, WeightQuantBatchMatmul
 
 from ms_swiglu.backends.matmul import MatMulLinear, materialised_bytes
 from ms_swiglu.backends.native import AddOp, RMSNormOp
 from ms_swiglu.backends.spec import Backend, SwiGLUOp
+from ms_swiglu.errors import InputError
 
 # Every op type an ascend-target graph of this package holds; each has an Ascend kernel. Anything else is refused.
 ASCEND_OPS = frozenset({
     # the dense MLP and the FFN block
     "Add", "Cast", "Depend", "Load", "MakeTuple", "MatMul", "Mul", "ReduceMean", "Reshape", "Rsqrt", "Shape",
     "Swiglu", "TupleGetItem", "UpdateState",
+    # weight-only int8 (W8A16)
+    "WeightQuantBatchMatmul",
     # no row, no kernel call (the Swiglu and MoE guards of dynamic-shape graphs): a run-time branch
     "Call", "Partial", "ScalarEq", "ScalarMul", "Switch", "Zeros",
     # the MoE block: the routers (softmax / sigmoid group top-k) and the grouped experts
@@ -49,11 +52,42 @@ def swiglu(x):
     return ops.swiglu(x, -1)
 
 
+def _check_quant_dtype(dtype, quant):
+    """WeightQuantBatchMatmul and GroupedMatmulV4's antiquant take float16/bfloat16 activations only."""
+    if quant and dtype not in (ms.float16, ms.bfloat16):
+        raise InputError(f"backend ascend, quant {quant}: expected float16 or bfloat16 activations (the weight-quant "
+                         f"matmuls take no float32), got {dtype}")
+
+
+class WeightQuantLinear(nn.Cell):
+    """``x (scale * q)^T`` by WeightQuantBatchMatmul (aclnnWeightQuantBatchMatmulV2, per-channel antiquant): the
+    int8 weights read as stored ([M, K]: ``transpose_weight``), the scales in the activations' dtype, as the op
+    takes them. Not run on hardware here.
+
+    Shapes:
+        x: [T, K]    w: [M, K] int8    scale: [M]    out: [T, M]
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.wqbmm = WeightQuantBatchMatmul(transpose_x=False, transpose_weight=True, antiquant_group_size=0)
+
+    def construct(self, x, w, scale):
+        shape = ops.shape(x)
+        y = self.wqbmm(x.reshape(-1, shape[-1]), w, scale.astype(x.dtype))  # [T, K] x [M, K]^T -> [T, M]
+        return y.reshape(shape[:-1] + (ops.shape(y)[-1],))
+
+
+def _linear(dtype, swiglu, quant=None):
+    _check_quant_dtype(dtype, quant)
+    return MatMulLinear(BACKEND, dtype, swiglu, quant, WeightQuantLinear() if quant else None)
+
+
 class GroupedExperts(nn.Cell):
     """The routed experts with MindSpore's MoE primitives for Atlas A2/A3 (mindformers' inference chain), not
     run on hardware here: MoeInitRoutingV2 (dropless: the T k rows grouped by expert, stably, and each expert's
     row count) -> GroupedMatmulV4 -> Swiglu -> GroupedMatmulV4 -> MoeTokenUnpermute (each token's k rows
-    weighted and summed). GroupedMatmulV4 computes x W_e with W_e [in, out] and has no transpose, so this
+    weighted and summed). int8 experts: GroupedMatmulV4 with per-channel antiquant scales [E, out]. GroupedMatmulV4 computes x W_e with W_e [in, out] and has no transpose, so this
     backend stores the stacked weights [E, H, 2I] and [E, I, H] (``experts_in_out``).
 
     Shapes:
@@ -61,11 +95,12 @@ class GroupedExperts(nn.Cell):
         w_gate_up: [E, H, 2I] (columns [gate_e | up_e])    w_down: [E, I, H]    out: [T, H]
     """
 
-    def __init__(self, dtype):
+    def __init__(self, dtype, quant=None):
         super().__init__()
+        _check_quant_dtype(dtype, quant)
         self.init_routing, self.gmm, self.unpermute = MoeInitRoutingV2(), GroupedMatmulV4(), MoeTokenUnpermute()
 
-    def construct(self, x, ids, weights, w_gate_up, w_down):
+    def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None):
         shape = ops.shape(x)
         empty = _empty(shape[:-1])
         if empty or (empty is None and _none_left(shape)):  # no token, no kernel call (as in swiglu)
@@ -74,10 +109,12 @@ class GroupedExperts(nn.Cell):
         # dropless (drop_pad_mode 0, active_num 0): rows [T k, H] by expert; counts (flag 2) per expert
         rows, row_idx, counts, _ = self.init_routing(x, ids, 0, 0, experts, 0, 2, False)
         counts = counts.astype(ms.int64)  # GroupedMatmulV4's group_list; group_list_type 1: counts
-        h = self.gmm([rows], [w_gate_up], None, None, None, None, None, None, counts, split_item=3, group_type=0,
-                     group_list_type=1)[0]  # [T k, 2I]
+        a_gate_up = None if s_gate_up is None else [s_gate_up.astype(x.dtype)]  # int8: antiquant scales
+        a_down = None if s_down is None else [s_down.astype(x.dtype)]
+        h = self.gmm([rows], [w_gate_up], None, None, None, a_gate_up, None, None, counts, split_item=3,
+                     group_type=0, group_list_type=1)[0]  # [T k, 2I]
         h = ops.swiglu(h, -1)  # [T k, I]
-        y = self.gmm([h], [w_down], None, None, None, None, None, None, counts, split_item=3, group_type=0,
+        y = self.gmm([h], [w_down], None, None, None, a_down, None, None, counts, split_item=3, group_type=0,
                      group_list_type=1)[0]  # [T k, H]
         # probs in the activation dtype: with float32 probs the op would cast [T k, H] to float32 and back
         return self.unpermute(y, row_idx, weights.astype(y.dtype))  # [T, H]
@@ -87,7 +124,7 @@ BACKEND = Backend(
     name="ascend",
     summary="MindSpore's MatMul, then the builtin Swiglu (Atlas A2/A3; not run on hardware here)",
     swiglu=lambda: SwiGLUOp(swiglu),
-    linear=lambda dtype, swiglu: MatMulLinear(BACKEND, dtype, swiglu),
+    linear=_linear,
     experts=GroupedExperts,
     experts_in_out=True,
     device="Ascend",

@@ -26,20 +26,32 @@ def matmul(mm, x, w, upcast):
     return y.reshape(shape[:-1] + (ops.shape(y)[-1],)).astype(dtype)
 
 
+def dequantize(w, scale, dtype):
+    """int8 weights ``[..., M, K]`` and their scales ``[..., M]`` as ``scale * q`` in ``dtype`` (float32 inside)."""
+    return (w.astype(mstype.float32) * scale.expand_dims(-1)).astype(dtype)
+
+
 class MatMulLinear(nn.Cell):
-    """``x W^T`` by MindSpore's MatMul, then (with ``swiglu``) the backend's SwiGLU op.
+    """``x W^T`` by MindSpore's MatMul, then (with ``swiglu``) the backend's SwiGLU op. int8 weights (``quant``)
+    are dequantized first, or multiplied by ``quant_matmul(x, w, scale)`` where the backend has one.
 
     Shapes:
-        x: [T, K]    w: [M, K]    out: [T, M], or [T, M/2] with ``swiglu``
+        x: [T, K]    w: [M, K] (int8 with scale [M])    out: [T, M], or [T, M/2] with ``swiglu``
     """
 
-    def __init__(self, backend, dtype, swiglu):
+    def __init__(self, backend, dtype, swiglu, quant=None, quant_matmul=None):
         super().__init__()
         self.mm, self.upcast = ops.MatMul(transpose_b=True), cpu_upcast(dtype, backend)
         self.act = backend.swiglu() if swiglu else None
+        self.dtype, self.quant_matmul = dtype, quant_matmul if quant else None
 
-    def construct(self, x, w):
-        y = matmul(self.mm, x, w, self.upcast)
+    def construct(self, x, w, scale=None):
+        if self.quant_matmul is not None:
+            y = self.quant_matmul(x, w, scale)
+        else:
+            if scale is not None:
+                w = dequantize(w, scale, mstype.float32 if self.upcast else self.dtype)
+            y = matmul(self.mm, x, w, self.upcast)
         return y if self.act is None else self.act(y)
 
 
@@ -62,8 +74,11 @@ class DenseExperts(nn.Cell):
         self.bmm, self.upcast = ops.BatchMatMul(transpose_b=True), cpu_upcast(dtype, backend)
         self.act = backend.swiglu()
 
-    def construct(self, x, ids, weights, w_gate_up, w_down):
+    def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None):
         dtype, (tokens, hidden), experts = x.dtype, ops.shape(x), ops.shape(w_gate_up)[0]
+        if s_gate_up is not None:  # int8: dequantized (float32 on a CPU device)
+            wd = mstype.float32 if self.upcast else dtype
+            w_gate_up, w_down = dequantize(w_gate_up, s_gate_up, wd), dequantize(w_down, s_down, wd)
         if self.upcast:
             x, w_gate_up, w_down = x.astype(mstype.float32), w_gate_up.astype(mstype.float32), w_down.astype(
                 mstype.float32)

@@ -17,10 +17,12 @@ class Backend:
     summary: str  # one line: what it runs
     # () -> SwiGLUOp: [T, 2I] ([gate, up]) -> [T, I] = SiLU(gate) * up
     swiglu: Callable
-    # (dtype, swiglu) -> Cell (x [T, K], w [M, K]) -> x w^T [T, M], or with swiglu its SwiGLU [T, M/2]
+    # (dtype, swiglu, quant) -> Cell (x [T, K], w [M, K], scale) -> x w^T [T, M], or with swiglu its SwiGLU
+    # [T, M/2]; quant None: w in dtype and scale None; "int8": w int8 and scale [M] float32, w = scale[:, None] * q
     linear: Callable
-    # (dtype) -> Cell (x [T, H], ids [T, k] int32, weights [T, k] float32, w_gate_up, w_down) -> [T, H]: the routed
-    # experts of a MoE block, sum_j weights[t, j] * expert_ids[t, j](x[t]), every shape static given T
+    # (dtype, quant) -> Cell (x [T, H], ids [T, k] int32, weights [T, k] float32, w_gate_up, w_down, s_gate_up,
+    # s_down) -> [T, H]: the routed experts of a MoE block, sum_j weights[t, j] * expert_ids[t, j](x[t]), every
+    # shape static given T; int8 weights come with per-row scales [E, 2I] and [E, H] (None otherwise)
     experts: Callable
     # how it stores the stacked expert weights: False [E, 2I, H] and [E, H, I] (out, in: HF's layout), True
     # [E, H, 2I] and [E, I, H] (in, out); loaders convert at load, never per call

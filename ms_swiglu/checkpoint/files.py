@@ -14,8 +14,8 @@ from safetensors import SafetensorError, safe_open
 from ms_swiglu.errors import InputError
 from ms_swiglu.outputs import OutputSet
 
-_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I8": np.int8}
+_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8"}
 
 
 class CheckpointError(InputError):
@@ -40,8 +40,25 @@ class SafetensorsFolder:
                     raise CheckpointError(f"{index}: expected shard file names inside {folder}, got {shard!r}")
         elif os.path.exists(single):
             self.weight_map = {name: "model.safetensors" for name in self._open(single)[1]}
+        elif os.path.isfile(folder):  # one file (of_file)
+            self.folder, name = os.path.split(folder)
+            self.weight_map = {n: name for n in self._open(folder)[1]}
         else:
             raise CheckpointError(f"checkpoint: expected {single} or {index} in {folder}, found neither")
+
+    @classmethod
+    def of_file(cls, path):
+        """The tensors of one safetensors file, read as a folder's are."""
+        return cls(path)
+
+    def metadata(self, path):
+        """The ``__metadata__`` of one of its files (``{}`` when it has none)."""
+        return dict(self._open(path)[0][1].get("__metadata__", {}))
+
+    def shape(self, name):
+        """The stored shape of tensor ``name``."""
+        path = os.path.join(self.folder, self.weight_map[name])
+        return tuple(self._open(path)[0][1][name]["shape"])
 
     def _open(self, path):
         """((data offset, header), names) of one shard, opened once; safe_open checks that the header covers
@@ -83,7 +100,7 @@ class SafetensorsFolder:
 
 def _read_tensor(path, base, name, meta, part=None):
     if meta["dtype"] not in _NP:
-        raise CheckpointError(f"{name}: expected dtype F32, F16 or BF16, got {meta['dtype']}")
+        raise CheckpointError(f"{name}: expected dtype F32, F16, BF16 or I8, got {meta['dtype']}")
     start, end = meta["data_offsets"]
     dtype = np.dtype(_NP[meta["dtype"]]).newbyteorder("<")
     if end == start:
@@ -121,11 +138,13 @@ def from_bf16_bits(bits):
 
 def dump_safetensors(path, tensors, dtype, metadata=None, float32=()):
     """Write ``{name: array}`` to ``path`` as a safetensors file in ``dtype`` (a name), those named in
-    ``float32`` in float32 (a plain write: :func:`write_safetensors` is the whole-or-nothing one)."""
+    ``float32`` in float32 and int8 arrays as int8 (a plain write: :func:`write_safetensors` is the
+    whole-or-nothing one)."""
     codes = {v: k for k, v in _DTYPE_NAMES.items()}
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
-        a, kind = np.asarray(tensors[name]), "float32" if name in float32 else dtype
+        a = np.asarray(tensors[name])
+        kind = "int8" if a.dtype == np.int8 else "float32" if name in float32 else dtype
         code = codes[kind]
         raw = to_bf16_bits(a) if kind == "bfloat16" else np.ascontiguousarray(a, _NP[code])
         data = raw.astype(raw.dtype.newbyteorder("<"), copy=False).tobytes()

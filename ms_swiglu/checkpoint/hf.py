@@ -185,6 +185,11 @@ def read_config(folder):
         raise CheckpointError(f"checkpoint: expected {path}, found none") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: expected JSON, got a parse error ({exc})") from None
+    return parse_config(raw, path)
+
+
+def parse_config(raw, path):
+    """The :class:`ModelConfig` of config.json's contents ``raw`` (``path`` names where they come from)."""
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")

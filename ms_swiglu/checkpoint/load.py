@@ -1,42 +1,78 @@
 """The Cells of one checkpoint layer, built and filled from a HuggingFace checkpoint folder (packed at load;
-with ``tp_size`` > 1, rank ``rank``'s part, read as such from the checkpoint).
+with ``tp_size`` > 1, rank ``rank``'s part, read as such from the checkpoint) or from the files ``ms-swiglu
+convert`` wrote (packed, and quantized if they are).
 
-``dtype``: the compute dtype; ``None`` keeps the checkpoint's.
+``dtype``: the compute dtype; ``None`` keeps the checkpoint's. ``quant``: "int8" quantizes a float checkpoint's
+projections at load (weight-only; ``ms_swiglu.packing.quantize_int8``); a quantized file loads quantized.
 """
-from ms_swiglu.checkpoint.files import SafetensorsFolder
-from ms_swiglu.checkpoint.hf import load_dense_layer, load_moe_layer, read_config
+from ms_swiglu.checkpoint.converted import SCALE, ConvertedFile, is_converted, quantize_layer, read_config
+from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
+from ms_swiglu.checkpoint.hf import load_dense_layer, load_moe_layer
 from ms_swiglu.ffn import FFNBlock
 from ms_swiglu.mlp import PackedSwiGLUMLP, load_weights, param_dtype
 from ms_swiglu.moe import PackedMoE
 
 
-def load_mlp(folder, layer, *, dtype=None, backend="auto", tp_size=1, rank=0):
+def _layer(path, layer, config, tp_size, rank, quant):
+    """(``{kind: array}`` of this rank's part of a layer, quantized as asked or as stored; dtype; quant)."""
+    if is_converted(path):
+        file = ConvertedFile(path, tp_size, rank)
+        weights, dtype = file.layer(layer)
+        if file.quant:
+            if quant not in (None, file.quant):
+                raise CheckpointError(f"quant: expected {file.quant} (the file's) or none, got {quant!r}")
+            return weights, dtype, file.quant
+    else:
+        read = load_moe_layer if config.is_moe_layer(layer) else load_dense_layer
+        weights, dtype = read(path, layer, config, tp_size, rank)
+    return (quantize_layer(weights, quant) if quant else weights), dtype, quant
+
+
+def load_mlp(folder, layer, *, dtype=None, backend="auto", tp_size=1, rank=0, quant=None):
     """The :class:`~ms_swiglu.mlp.PackedSwiGLUMLP` of one dense layer."""
     config = read_config(folder)
-    weights, ckpt_dtype = load_dense_layer(folder, layer, config, tp_size, rank)
+    config.check_layer(layer)
+    if config.is_moe_layer(layer):
+        raise CheckpointError(f"layer {layer}: expected a dense layer, got a mixture-of-experts layer of "
+                              f"{config.model_type!r}; use load_moe")
+    weights, ckpt_dtype, quant = _layer(folder, layer, config, tp_size, rank, quant)
     mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype or ckpt_dtype, backend=backend,
-                          tp_size=tp_size)
-    return load_weights(mlp, {"gate_up_proj.weight": weights["gate_up"], "down_proj.weight": weights["down"]})
+                          tp_size=tp_size, quant=quant)
+    names = {"gate_up": "gate_up_proj.weight", "down": "down_proj.weight"}
+    return load_weights(mlp, _state(weights, names))
+
+
+def _state(weights, names, layout=lambda w: w):
+    """``{parameter name: array}`` of a layer's ``{kind: array}``; a scale named after its weight."""
+    state = {}
+    for kind, name in names.items():
+        if kind in weights:
+            state[name] = layout(weights[kind]) if kind in ("gate_up", "down") else weights[kind]
+        if kind + SCALE in weights:
+            state[name + SCALE] = weights[kind + SCALE]  # per output row: the same in every layout
+    return state
 
 
 def moe_state(moe, weights):
     """``load_moe_layer``'s arrays as the parameters of ``moe`` (a :class:`~ms_swiglu.moe.PackedMoE`), in the
     layout its backend stores the experts in."""
-    state = {"router.weight": weights["router"], "experts.gate_up_proj": moe.experts.layout(weights["gate_up"]),
-             "experts.down_proj": moe.experts.layout(weights["down"])}
-    names = {"bias": "router.e_score_correction_bias", "shared_gate_up": "shared_expert.gate_up_proj.weight",
+    names = {"router": "router.weight", "gate_up": "experts.gate_up_proj", "down": "experts.down_proj",
+             "bias": "router.e_score_correction_bias", "shared_gate_up": "shared_expert.gate_up_proj.weight",
              "shared_down": "shared_expert.down_proj.weight", "shared_gate": "shared_expert_gate.weight"}
-    state.update({names[k]: w for k, w in weights.items() if k in names})
-    return state
+    return _state(weights, names, moe.experts.layout)
 
 
-def load_moe(folder, layer, *, dtype=None, backend="auto", tp_size=1, rank=0):
+def load_moe(folder, layer, *, dtype=None, backend="auto", tp_size=1, rank=0, quant=None):
     """The :class:`~ms_swiglu.moe.PackedMoE` of one MoE layer (experts packed [gate_e; up_e] and stacked)."""
     config = read_config(folder)
-    weights, ckpt_dtype = load_moe_layer(folder, layer, config, tp_size, rank)
+    config.check_layer(layer)
+    if not config.is_moe_layer(layer):
+        raise CheckpointError(f"layer {layer}: expected a mixture-of-experts layer, got a dense layer of "
+                              f"{config.model_type!r}; use load_mlp")
+    weights, ckpt_dtype, quant = _layer(folder, layer, config, tp_size, rank, quant)
     m = config.moe
     moe = PackedMoE(config.hidden_size, m.intermediate_size, m.num_experts, m.top_k, dtype=dtype or ckpt_dtype,
-                    backend=backend, tp_size=tp_size, **m.block_kwargs())
+                    backend=backend, tp_size=tp_size, quant=quant, **m.block_kwargs())
     return load_weights(moe, moe_state(moe, weights))
 
 
@@ -45,10 +81,14 @@ def load_block(folder, layer, **kw):
     return (load_moe if read_config(folder).is_moe_layer(layer) else load_mlp)(folder, layer, **kw)
 
 
-def load_ffn(folder, layer, *, dtype=None, backend="auto", recompute="none"):
-    """The :class:`~ms_swiglu.ffn.FFNBlock` of one layer: ``post_attention_layernorm.weight`` + its FFN."""
+def load_ffn(folder, layer, *, dtype=None, backend="auto", recompute="none", quant=None):
+    """The :class:`~ms_swiglu.ffn.FFNBlock` of one layer: ``post_attention_layernorm.weight`` + its FFN (from a
+    checkpoint folder only: converted files hold no norm)."""
+    if is_converted(folder):
+        raise CheckpointError(f"checkpoint: expected a HuggingFace checkpoint folder for FFN blocks (their "
+                              f"post_attention_layernorm), got the converted file {folder}; export --layer N")
     config = read_config(folder)
-    mlp = load_block(folder, layer, dtype=dtype, backend=backend)
+    mlp = load_block(folder, layer, dtype=dtype, backend=backend, quant=quant)
     block = FFNBlock(config.hidden_size, config.intermediate_size, eps=config.rms_norm_eps,
                      dtype=param_dtype(mlp), mlp=mlp, recompute=recompute)
     norm, _ = SafetensorsFolder(folder).read(f"model.layers.{layer}.post_attention_layernorm.weight",

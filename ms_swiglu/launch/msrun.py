@@ -106,6 +106,8 @@ def launch(args, x, out):
         worker_args += ["--output", out] + (["--force"] if args.force else [])
     if args.dtype:
         worker_args += ["--dtype", args.dtype]
+    if args.quantize:
+        worker_args += ["--quantize", args.quantize]
     cmd = [msrun, f"--worker_num={args.tp_size}", f"--local_worker_num={args.tp_size}", f"--master_port={port}",
            f"--log_dir={log_dir}", "--join=True", WORKER, *worker_args]
     env = safe_environment(dict(os.environ, PATH=path))  # msrun starts `python` from PATH: this interpreter's

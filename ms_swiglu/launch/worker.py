@@ -13,11 +13,14 @@ import sys
 
 from ms_swiglu.backends import NAMES
 from ms_swiglu.config import DTYPE_NAMES
+from ms_swiglu.packing import QUANT
 
 
 def parser():
     p = argparse.ArgumentParser(prog="ms_swiglu.launch.worker", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, help="HuggingFace checkpoint folder (the same on every node)")
+    p.add_argument("--checkpoint", required=True, help="HuggingFace checkpoint folder or converted file (the same "
+                                                       "on every node)")
+    p.add_argument("--quantize", choices=QUANT)
     p.add_argument("--layer", type=int, required=True)
     p.add_argument("--input", required=True, help="float .npy of shape [..., hidden_size]")
     p.add_argument("--output", help="rank 0 writes the output here as float32 .npy")
@@ -42,7 +45,7 @@ def main(argv=None):
     x = read_input(args.input, config.hidden_size)
     run_layer(args.checkpoint, args.layer, x, config=config, dtype=args.dtype, backend=args.backend,
               repeat=args.repeat, tp_size=args.tp_size, output=os.path.abspath(args.output) if args.output else None,
-              force=args.force)
+              force=args.force, quant=args.quantize)
     return 0
 
 

@@ -35,17 +35,26 @@ def swiglu_op():
     return SwiGLUOp(aot_op("SwigluFwd", (F,), bprop))
 
 
+I8, F32, I32 = DataType.I8_Default, DataType.F32_Default, DataType.I32_Default
+
+
 class FusedLinear(nn.Cell):
     """``x W^T`` in one C++ call (``Linear``), or with ``swiglu`` the SwiGLU of the packed output as the GEMM's
     epilogue (``GateUpSwiglu``: [T, 2I] never exists). The backward runs MindSpore's MatMul in float32; with
-    ``swiglu`` it recomputes ``[gate, up]`` first.
+    ``swiglu`` it recomputes ``[gate, up]`` first. int8 weights (``quant``) are read as int8 and widened in the
+    kernel, their scales applied to the float32 sums (inference only: no backward).
 
     Shapes:
-        x: [T, K]    w: [M, K]    out: [T, M], or [T, M/2] with ``swiglu``
+        x: [T, K]    w: [M, K] (int8 with scale [M] float32)    out: [T, M], or [T, M/2] with ``swiglu``
     """
 
-    def __init__(self, dtype, swiglu):
+    def __init__(self, dtype, swiglu, quant=None):
         super().__init__()
+        name = "GateUpSwiglu" if swiglu else "Linear"
+        if quant:
+            kernels.onednn()
+            self.op = aot_op("Q" + name, (F, I8, F32))
+            return
         kernels.onednn()  # bind (and check) oneDNN now, not inside the first graph run
         f32 = mstype.float32
         mm, mm_ta, mm_tb = ops.MatMul(), ops.MatMul(transpose_a=True), ops.MatMul(transpose_b=True)
@@ -59,30 +68,35 @@ class FusedLinear(nn.Cell):
                 dy = swiglu_bwd(mm_tb(x2, w2), dy)  # [T, 2I]: d_gate, d_up
             return mm(dy, w2).reshape(ops.shape(x)).astype(x.dtype), mm_ta(dy, x2).astype(w.dtype)
 
-        self.op = aot_op("GateUpSwiglu" if swiglu else "Linear", (F, F), bprop)
+        self.op = aot_op(name, (F, F), bprop)
 
-    def construct(self, x, w):
-        return self.op(x, w)
+    def construct(self, x, w, scale=None):
+        return self.op(x, w) if scale is None else self.op(x, w, scale)
 
 
 class GroupedExperts(nn.Cell):
     """The routed experts of a MoE block in two C++ calls over the stacked weights, read in place: the rows
     grouped by expert, each expert's gate/up GEMM with the SwiGLU as its epilogue, then each expert's down GEMM
-    and the weighted sum of every token's k rows in float32. Inference only (no backward).
+    and the weighted sum of every token's k rows in float32. Inference only (no backward). int8 experts are read
+    as int8 and widened in the kernels.
 
     Shapes:
         x: [T, H]    ids: [T, k] int32    weights: [T, k] float32
         w_gate_up: [E, 2I, H] (each [gate_e; up_e])    w_down: [E, H, I]    out: [T, H]
+        int8: w_* int8, s_gate_up: [E, 2I] float32, s_down: [E, H] float32
     """
 
-    def __init__(self, dtype):
+    def __init__(self, dtype, quant=None):
         super().__init__()
         kernels.onednn()
-        self.gate_up = aot_op("MoeGateUpSwiglu", (F, DataType.I32_Default, F))  # -> [T k, I], grouped rows
-        self.down = aot_op("MoeDownCombine", (F, DataType.I32_Default, DataType.F32_Default, F))
+        q, w = ("Q", (I8, F32)) if quant else ("", (F,))
+        self.gate_up = aot_op(q + "MoeGateUpSwiglu", (F, I32, *w))  # -> [T k, I], grouped rows
+        self.down = aot_op(q + "MoeDownCombine", (F, I32, F32, *w))
 
-    def construct(self, x, ids, weights, w_gate_up, w_down):
-        return self.down(self.gate_up(x, ids, w_gate_up), ids, weights, w_down)
+    def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None):
+        if s_gate_up is None:
+            return self.down(self.gate_up(x, ids, w_gate_up), ids, weights, w_down)
+        return self.down(self.gate_up(x, ids, w_gate_up, s_gate_up), ids, weights, w_down, s_down)
 
 
 class FusedRMSNorm(nn.Cell):
@@ -106,7 +120,7 @@ class FusedRMSNorm(nn.Cell):
             dw = (dy * xh).reshape(-1, ops.shape(w)[0]).sum(0)  # [H]
             return dx.astype(x.dtype), dw.astype(w.dtype), ops.zeros_like(eps)
 
-        self.op = aot_op("RmsNorm", (F, F, DataType.F32_Default), bprop)
+        self.op = aot_op("RmsNorm", (F, F, F32), bprop)
 
     def construct(self, x, w):
         return self.op(x, w, self.eps)

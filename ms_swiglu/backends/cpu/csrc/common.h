@@ -101,7 +101,7 @@ struct IsaKernels {
   void (*add[kDtypes])(const void *a, const void *b, void *y, int64_t n);  // y = a + b
   // int8 weights (weight-only quantization): skinny over w [m, k] int8, unscaled sums; and int8 -> dtype, exact
   void (*skinny_q8)(const float *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
-  void (*widen_q8[kDtypes])(const int8_t *src, void *dst, int64_t n);
+  void (*widen_q8[kDtypes])(const int8_t *src, void *dst, int64_t rows, int64_t k);  // [rows, k] row-major
 };
 
 const IsaKernels &isa();        // the ISA in use

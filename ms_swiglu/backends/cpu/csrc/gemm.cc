@@ -39,8 +39,9 @@ constexpr int64_t kBlockRows = 1024;
 constexpr int64_t kSkinnyRows = 64, kSkinnyCols = 32;
 // Rows per call of the amx path above 16 tokens, where it shares the tokens' tiles between panels (amx.cc).
 constexpr int64_t kAmxRows = 256;
-// int8 weights on the tile and oneDNN paths are widened (exactly) a block at a time into a buffer of at most
-// this many bytes, which the GEMM then reads from the cache.
+// int8 weights on the tile path are widened (exactly) a block at a time into a buffer of at most this many
+// bytes, which the tiles then read from the cache; the oneDNN paths widen their whole block of rows (the widening
+// is small beside the GEMM there, and oneDNN runs best on large blocks).
 constexpr int64_t kWideBytes = 1 << 20;
 // Elements below which a widening pass runs in the calling thread alone (waking the pool costs more).
 constexpr int64_t kSerialElements = 1 << 15;
@@ -77,6 +78,13 @@ struct Op {
   }
   // weight rows per call of stream(): the amx path blocks its rows itself (amx.cc), in larger blocks
   int64_t step(int64_t skinny_rows) const { return path == kAmx && n > 16 ? kAmxRows : skinny_rows; }
+  // int8 rows on tiles: the next block's rows fetched into L2 while this one is widened and multiplied (the
+  // widening reads them from the cache then; one read stream per row reaches ~5 GB/s here)
+  void prefetch(const void *w, int64_t r0, int64_t rows) const {
+    if (!scale || path != kAmx) return;
+    const char *p = row(w, r0);
+    for (int64_t i = 0; i < rows * k; i += 64) __builtin_prefetch(p + i, 0, 2);
+  }
   // c[t * ldc + j] = sum_k x[t, k] w[r0 + j, k], j < rows: the weight-streaming kernel of the path
   void stream(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
     const void *w_rows = row(w, r0);
@@ -86,7 +94,7 @@ struct Op {
       wide.resize(b * k);
       for (int64_t j = 0; j < rows; j += b) {
         const int64_t r = std::min(b, rows - j);
-        ik->widen_q8[kBF16](static_cast<const int8_t *>(w_rows) + j * k, wide.data(), r * k);
+        ik->widen_q8[kBF16](static_cast<const int8_t *>(w_rows) + j * k, wide.data(), r, k);
         amx::rows(xv, n, k, wide.data(), r, c + j, ldc);
       }
     } else if (path == kAmx) {
@@ -119,18 +127,15 @@ bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows
                 : onednn::gemm(op.a_d(), op.a(), op.n, op.d, w_rows, m, op.k, kF32, cm, ldc);
   };
   if (!op.scale) return gemm(op.row(w, r0), rows, c);
-  std::vector<char> wide(std::min(rows, op.wide_rows(op.d)) * op.k * op.es());
-  const int64_t b = int64_t(wide.size() / op.es()) / op.k;
-  for (int64_t j = 0; j < rows; j += b) {
-    const int64_t m = std::min(b, rows - j);
-    parallel_ranges(m, [&](int64_t i0, int64_t i1) {
-      op.ik->widen_q8[op.d](reinterpret_cast<const int8_t *>(op.row(w, r0 + j + i0)),
-                            wide.data() + i0 * op.k * op.es(), (i1 - i0) * op.k);
-    }, kSerialElements / std::max<int64_t>(op.k, 1));
-    float *cm = swap ? c + j * op.n : c + j;
-    if (!gemm(wide.data(), m, cm)) return false;
-    op.rescale(r0 + j, m, cm, swap ? op.n : ldc, swap);
-  }
+  thread_local std::vector<char> wide;  // grown once per calling thread (no page faults per call)
+  wide.resize(std::max(wide.size(), size_t(rows * op.k * op.es())));
+  char *buf = wide.data();  // (the pool's threads have their own `wide`)
+  parallel_ranges(rows, [&](int64_t i0, int64_t i1) {
+    op.ik->widen_q8[op.d](reinterpret_cast<const int8_t *>(op.row(w, r0 + i0)), buf + i0 * op.k * op.es(), i1 - i0,
+                          op.k);
+  }, kSerialElements / std::max<int64_t>(op.k, 1));
+  if (!gemm(buf, rows, c)) return false;
+  op.rescale(r0, rows, c, swap ? op.n : ldc, swap);
   return true;
 }
 
@@ -225,6 +230,7 @@ bool linear(const Linear &call, const void *w, int64_t m, void *y) {
       std::vector<float> c(op.n * step);
       for (int64_t j0 = b0 * step; j0 < std::min(m, b1 * step); j0 += step) {
         const int64_t rows = std::min(step, m - j0);
+        if (j0 + step < std::min(m, b1 * step)) op.prefetch(w, j0 + step, std::min(step, m - j0 - step));
         if (op.yd == kF32) {
           op.stream(w, j0, rows, static_cast<float *>(y) + j0, m);
           continue;
@@ -275,6 +281,10 @@ bool gate_up_swiglu(const Linear &call, const void *w, int64_t inter, void *y) {
       std::vector<float> c(op.n * 2 * step);
       for (int64_t j0 = b0 * step; j0 < std::min(inter, b1 * step); j0 += step) {
         const int64_t cols = std::min(step, inter - j0);
+        if (j0 + step < std::min(inter, b1 * step)) {
+          op.prefetch(w, j0 + step, std::min(step, inter - j0 - step));
+          op.prefetch(w, inter + j0 + step, std::min(step, inter - j0 - step));
+        }
         op.stream(w, j0, cols, c.data(), 2 * cols);
         op.stream(w, inter + j0, cols, c.data() + cols, 2 * cols);
         for (int64_t t = 0; t < op.n; ++t) epilogue(c.data(), 2 * cols, t, j0, cols);

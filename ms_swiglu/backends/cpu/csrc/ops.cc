@@ -8,8 +8,10 @@
 //   MoeDownCombine   h [T k, I], ids [T, k], weights [T, k] float32, w [E, H, I]  ->  y [T, H]
 //                    y[t] = sum_j weights[t, j] * (h[row of (t, j)] w_down,e^T), summed in float32
 //
-// Weight-only int8: the GEMM ops also take w as int8 followed by its per-row float32 scales (Linear and
-// GateUpSwiglu: scale [M]; the Moe ops: [E, 2I] and [E, H]), w[row] = scale[row] * q[row], widened exactly.
+//   QLinear, QGateUpSwiglu, QMoeGateUpSwiglu, QMoeDownCombine: the same with weight-only int8, w int8 followed
+//                    by its per-row float32 scales (scale [M]; the Moe ops [E, 2I] and [E, H]),
+//                    w[row] = scale[row] * q[row], widened exactly. (Their own names: MindSpore keeps one
+//                    registration per aot op name.)
 //   RmsNorm       x [..., H], w [H], eps [1] float32       ->  y [..., H] = x / sqrt(mean(x^2) + eps) * w
 //   Add           a [...], b [...] (one shape)             ->  y = a + b (the residual connection)
 //
@@ -28,8 +30,9 @@
 namespace {
 
 // Launch counters by op name: what a compiled graph really runs (a diagnostic, read by the tests).
-const char *const kOps[] = {"SwigluFwd",       "SwigluBwd",      "Linear",  "GateUpSwiglu",
-                            "MoeGateUpSwiglu", "MoeDownCombine", "RmsNorm", "Add"};
+const char *const kOps[] = {"SwigluFwd",       "SwigluBwd",      "Linear",           "GateUpSwiglu",
+                            "MoeGateUpSwiglu", "MoeDownCombine", "RmsNorm",          "Add",
+                            "QLinear",         "QGateUpSwiglu",  "QMoeGateUpSwiglu", "QMoeDownCombine"};
 constexpr int kNumOps = sizeof kOps / sizeof kOps[0];
 std::atomic<int64_t> g_launches[kNumOps];
 
@@ -170,32 +173,27 @@ std::vector<int64_t> SwigluBwdInferShape(int *ndims, int64_t **shapes, AotExtra 
 
 TypeId SwigluBwdInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
 
-int Linear(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  ++g_launches[op_index("Linear")];
+static int linear_op(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   return run_linear(nparam, params, ndims, shapes, dtypes, false, msw::linear);
 }
-std::vector<int64_t> LinearInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+static std::vector<int64_t> linear_shape(int *ndims, int64_t **shapes) {
   return linear_out_shape(ndims, shapes, false);
 }
-TypeId LinearInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
 
-int GateUpSwiglu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  ++g_launches[op_index("GateUpSwiglu")];
+static int gate_up_swiglu_op(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   return run_linear(nparam, params, ndims, shapes, dtypes, true, msw::gate_up_swiglu);
 }
-std::vector<int64_t> GateUpSwigluInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+static std::vector<int64_t> gate_up_shape(int *ndims, int64_t **shapes) {
   return linear_out_shape(ndims, shapes, true);
 }
-TypeId GateUpSwigluInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
 
 // The experts' ops: 2-D x / h, [T, k] int32 ids, stacked 3-D weights of the float dtype, or int8 with
 // [E, rows] float32 scales (routing weights float32).
-bool expert_scales(int q, int *ndims, int64_t **shapes, int w) {
+static bool expert_scales(int q, int *ndims, int64_t **shapes, int w) {
   return !q || (ndims[w + 1] == 2 && shapes[w + 1][0] == shapes[w][0] && shapes[w + 1][1] == shapes[w][1]);
 }
 
-int MoeGateUpSwiglu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  ++g_launches[op_index("MoeGateUpSwiglu")];
+static int moe_gate_up_swiglu_op(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   const int q = quantized(nparam, dtypes, 2, 5);
   if (q < 0) return 1;
   const int d = msw::dtype_index(dtypes[0]), out = nparam - 1;
@@ -210,14 +208,12 @@ int MoeGateUpSwiglu(int nparam, void **params, int *ndims, int64_t **shapes, con
                                  experts, shapes[0][1], inter, params[out],
                                  q ? static_cast<const float *>(params[3]) : nullptr) ? 0 : 4;
 }
-std::vector<int64_t> MoeGateUpSwigluInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+static std::vector<int64_t> moe_gate_up_shape(int *ndims, int64_t **shapes) {
   const int64_t rows = shapes[1][0] < 0 || shapes[1][1] < 0 ? -1 : shapes[1][0] * shapes[1][1];
   return {rows, shapes[2][1] < 0 ? -1 : shapes[2][1] / 2};
 }
-TypeId MoeGateUpSwigluInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
 
-int MoeDownCombine(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  ++g_launches[op_index("MoeDownCombine")];
+static int moe_down_combine_op(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   const int q = quantized(nparam, dtypes, 3, 6);
   if (q < 0) return 1;
   const int d = msw::dtype_index(dtypes[0]), out = nparam - 1;
@@ -238,10 +234,9 @@ int MoeDownCombine(int nparam, void **params, int *ndims, int64_t **shapes, cons
                                static_cast<const float *>(params[2]), tokens, k, params[3], shapes[3][0], hidden,
                                shapes[0][1], params[out], q ? static_cast<const float *>(params[4]) : nullptr) ? 0 : 4;
 }
-std::vector<int64_t> MoeDownCombineInferShape(int *ndims, int64_t **shapes, AotExtra *) {
+static std::vector<int64_t> moe_down_shape(int *, int64_t **shapes) {
   return {shapes[1][0], shapes[3][1]};
 }
-TypeId MoeDownCombineInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
 
 int RmsNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
   ++g_launches[op_index("RmsNorm")];
@@ -291,5 +286,30 @@ std::vector<int64_t> AddInferShape(int *ndims, int64_t **shapes, AotExtra *) {
   return std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]);
 }
 TypeId AddInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
+
+}  // extern "C"
+
+// ---- the GEMM ops, float and weight-only int8 (each its own name: MindSpore keeps one registration per aot op)
+extern "C" {
+
+#define MSW_GEMM_OP(name, impl, infer)                                                                         \
+  int name(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {     \
+    ++g_launches[op_index(#name)];                                                                             \
+    return impl(nparam, params, ndims, shapes, dtypes);                                                       \
+  }                                                                                                            \
+  std::vector<int64_t> name##InferShape(int *ndims, int64_t **shapes, AotExtra *e) {                           \
+    return infer(ndims, shapes);                                                                               \
+  }                                                                                                            \
+  TypeId name##InferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
+
+MSW_GEMM_OP(Linear, linear_op, linear_shape)
+MSW_GEMM_OP(QLinear, linear_op, linear_shape)
+MSW_GEMM_OP(GateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
+MSW_GEMM_OP(QGateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
+MSW_GEMM_OP(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
+MSW_GEMM_OP(QMoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
+MSW_GEMM_OP(MoeDownCombine, moe_down_combine_op, moe_down_shape)
+MSW_GEMM_OP(QMoeDownCombine, moe_down_combine_op, moe_down_shape)
+#undef MSW_GEMM_OP
 
 }  // extern "C"

@@ -1,0 +1,162 @@
+"""Files written by ``ms-swiglu convert``: the FFN layers of a checkpoint packed, optionally quantized (int8) and
+sharded for tensor parallelism, one safetensors file per rank, with the checkpoint's ``config.json`` inside.
+No MindSpore here.
+
+One layer's tensors, by kind (the arrays of ``hf.load_dense_layer`` / ``hf.load_moe_layer``), stored as
+``model.layers.{layer}.{block}.`` + ``gate_up_proj.weight`` / ``down_proj.weight`` (dense) or ``gate.weight``,
+``experts.gate_up_proj.weight``, ``experts.down_proj.weight`` and the family's shared expert and bias (MoE).
+Quantized: each projection int8, its float32 scales beside it as ``{name}_scale`` (kind ``{kind}_scale``).
+Sharded: gate/up rows (and their scales) by ``packing.shard_packed``, down columns by ``packing.shard_down``, down's
+scales (whole rows) and the rest replicated.
+"""
+import glob
+import json
+import os
+
+from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
+from ms_swiglu.checkpoint import hf
+from ms_swiglu.checkpoint.hf import load_dense_layer, load_moe_layer, parse_config
+from ms_swiglu.packing import QUANT, quantize_int8, shard_down, shard_packed
+
+FORMAT = "ms_swiglu.packed"
+ROWS, COLUMNS = ("gate_up", "shared_gate_up"), ("down", "shared_down")  # how the projections shard
+SCALE = "_scale"
+
+
+def is_converted(path):
+    """Whether ``path`` names converted files (``X.safetensors``, or its rank files) rather than a checkpoint
+    folder."""
+    return path.endswith(".safetensors") or os.path.isfile(path)
+
+
+def read_config(path):
+    """The :class:`~ms_swiglu.checkpoint.hf.ModelConfig` of a checkpoint folder, or of the files ``ms-swiglu
+    convert`` wrote (they hold their checkpoint's config.json)."""
+    return ConvertedFile.any_rank(path).config if is_converted(path) else hf.read_config(path)
+
+
+def rank_paths(path, tp_size):
+    """The files of a conversion to ``path`` with ``tp_size`` ranks: ``X.safetensors``, or ``X-tp{r}-of-K``."""
+    if tp_size == 1:
+        return [path]
+    stem, ext = os.path.splitext(path)
+    return [f"{stem}-tp{r}-of-{tp_size}{ext or '.safetensors'}" for r in range(tp_size)]
+
+
+def tensor_names(config, layer):
+    """``{kind: tensor name}`` of one layer's tensors in a converted file."""
+    if not config.is_moe_layer(layer):
+        p = f"model.layers.{layer}.mlp."
+        return {"gate_up": p + "gate_up_proj.weight", "down": p + "down_proj.weight"}
+    keys, p = config.keys, config.keys.prefix(layer)
+    names = {"router": p + "gate.weight", "gate_up": p + "experts.gate_up_proj.weight",
+             "down": p + "experts.down_proj.weight"}
+    if keys.bias:
+        names["bias"] = p + keys.bias
+    if keys.shared:
+        names.update(shared_gate_up=p + keys.shared + "gate_up_proj.weight",
+                     shared_down=p + keys.shared + "down_proj.weight")
+    if keys.shared_gate:
+        names["shared_gate"] = p + keys.shared_gate
+    return names
+
+
+def read_hf_layer(config, folder, layer):
+    """(``{kind: array}`` of one layer of a HuggingFace checkpoint, all ranks; its dtype name)."""
+    if config.is_moe_layer(layer):
+        return load_moe_layer(folder, layer, config)
+    return load_dense_layer(folder, layer, config)
+
+
+def quantize_layer(tensors, quant):
+    """The layer with every projection quantized (``quant``: "int8"), its scales beside it (``{kind}_scale``)."""
+    if quant not in QUANT:
+        raise CheckpointError(f"quantize: expected one of {', '.join(QUANT)}, got {quant!r}")
+    out = dict(tensors)
+    for kind in ROWS + COLUMNS:
+        if kind in tensors:
+            out[kind], out[kind + SCALE] = quantize_int8(tensors[kind])
+    return out
+
+
+def shard_layer(tensors, tp_size, rank):
+    """Rank ``rank``'s part of a layer (all ranks' arrays, as :func:`read_hf_layer` / :func:`quantize_layer` give)."""
+    out = {}
+    for kind, a in tensors.items():
+        if kind in ROWS:
+            out[kind] = shard_packed(a, tp_size, rank)  # [..., 2I/p, H]
+        elif kind.removesuffix(SCALE) in ROWS:
+            out[kind] = shard_packed(a[..., None], tp_size, rank)[..., 0]  # [..., 2I/p]: each row its scale
+        elif kind in COLUMNS:
+            out[kind] = shard_down(a, tp_size, rank)  # [..., H, I/p]
+        else:
+            out[kind] = a  # down's scales [..., H] (whole rows), router, bias, shared gate: replicated
+    return out
+
+
+def float32_kinds(tensors):
+    """The kinds kept in float32 whatever the file's dtype: scales and the router's bias."""
+    return {k for k in tensors if k.endswith(SCALE) or k == "bias"}
+
+
+def metadata(config_json, dtype, quant, tp_size, rank, layers, token):
+    """A converted file's ``__metadata__`` (strings): what it holds and which set it belongs to."""
+    return {"format": FORMAT, "layout": "gate_up rows [gate; up]", "model_type": config_json["model_type"],
+            "dtype": dtype, "quant": quant or "", "tp_size": tp_size, "rank": rank,
+            "layers": f"{layers.start}-{layers.stop - 1}", "set": token, "config": json.dumps(config_json)}
+
+
+class ConvertedFile:
+    """One rank's converted file: its config, dtype, quantization and layers.
+
+    ``path``: the name given to ``convert --output`` (``X.safetensors``); with ``tp_size`` > 1 rank ``rank``'s file
+    ``X-tp{r}-of-K.safetensors`` is read, and it must come from a conversion with that ``--tp-size``.
+    """
+
+    def __init__(self, path, tp_size=1, rank=0):
+        self.path = rank_paths(path, tp_size)[rank]
+        if tp_size == 1 and not os.path.exists(path):
+            found = sorted(glob.glob(f"{os.path.splitext(path)[0]}-tp*-of-*.safetensors"))
+            if found:
+                raise CheckpointError(f"checkpoint: expected {path}, found only the rank files of a tensor-parallel "
+                                      f"conversion ({os.path.basename(found[0])}, ...): run it with their --tp-size")
+        if not os.path.isfile(self.path):
+            raise CheckpointError(f"checkpoint: expected a converted file {self.path}, found none")
+        self._folder = SafetensorsFolder.of_file(self.path)
+        meta = self._folder.metadata(self.path)
+        if meta.get("format") != FORMAT or "config" not in meta:
+            raise CheckpointError(f"{self.path}: expected a file written by ms-swiglu convert (format {FORMAT}), "
+                                  f"got format {meta.get('format')!r}")
+        if int(meta["tp_size"]) != tp_size:
+            raise CheckpointError(f"{self.path}: expected a conversion with --tp-size {tp_size}, got one with "
+                                  f"--tp-size {meta['tp_size']}")
+        self.config = parse_config(json.loads(meta["config"]), self.path)
+        self.dtype, self.quant = meta["dtype"], meta["quant"] or None
+        first, _, last = meta["layers"].partition("-")
+        self.layers = range(int(first), int(last) + 1)
+
+    @classmethod
+    def any_rank(cls, path):
+        """Rank 0's file of the conversion to ``path``, whatever its ``--tp-size`` (for its config)."""
+        if os.path.exists(path):
+            return cls(path)
+        found = sorted(glob.glob(f"{os.path.splitext(path)[0]}-tp0-of-*.safetensors"))
+        if not found:
+            raise CheckpointError(f"checkpoint: expected a converted file {path} (or its rank files), found none")
+        return cls(path, int(found[0].rsplit("-of-", 1)[1].split(".")[0]), 0)
+
+    def check_layer(self, layer):
+        self.config.check_layer(layer)
+        if layer not in self.layers:
+            raise CheckpointError(f"layer: expected one of the converted layers {self.layers.start}-"
+                                  f"{self.layers.stop - 1} of {self.path}, got {layer}")
+
+    def layer(self, layer):
+        """(``{kind: array}`` of one layer on this rank, the checkpoint's dtype name)."""
+        self.check_layer(layer)
+        out = {}
+        for kind, name in tensor_names(self.config, layer).items():
+            for k, n in ((kind, name), (kind + SCALE, name + SCALE)):
+                if n in self._folder.weight_map:
+                    out[k] = self._folder.read(n, self._folder.shape(n))[0]
+        return out, self.dtype

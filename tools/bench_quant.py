@@ -1,0 +1,155 @@
+"""Weight-only int8 against bfloat16 on the cpu backend: speed (interleaved, one process) and accuracy.
+
+    python -m ms_swiglu.tools.bench_quant [--preset llama-7b] [--tokens 1 16 128 512] [--layers 3] [--rounds 7]
+                                          [--accuracy] [--json FILE]
+
+Speed: per token count, a chain of ``--layers`` packed MLPs with distinct weights (larger than the L3 together:
+every layer's weights come from memory, as in a model), bfloat16 weights against their int8 quantization, the
+activations bfloat16 in both; interleaved rounds with the disturbance accounting of ``tools/timing.py``. At N=1
+the 1 GiB read probe runs in the same rounds, and each variant's bytes per call (weights, and the int8 scales)
+over its median time is given as a fraction of the probe's median read bandwidth.
+
+Accuracy (``--accuracy``, NumPy, float64): the MLP at the preset's shape with random weights (std 0.02) with
+outlier rows (1% of rows x20) or outlier input columns (1% of columns x20), int8 per output row (the package's
+format) and, for comparison, per group of 128 along the input: max and mean relative error of the output (to
+each row's max |y|) and the relative Frobenius error, against the float32 weights.
+"""
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from ms_swiglu.config import preset as preset_shape, PRESETS
+from ms_swiglu.tools.probes import read_sum
+from ms_swiglu.tools.timing import watched, write_json
+
+READ_PROBE_FLOATS = 2**28  # 1 GiB
+
+
+def _chain(hidden, inter, layers, quant):
+    import mindspore as ms  # noqa: PLC0415
+    from mindspore import nn  # noqa: PLC0415
+
+    from ms_swiglu import PackedSwiGLUMLP  # noqa: PLC0415
+    from ms_swiglu.mlp import to_quantized  # noqa: PLC0415
+
+    mlps = []
+    for seed in range(layers):
+        ms.set_seed(seed)
+        mlp = PackedSwiGLUMLP(hidden, inter, dtype=ms.bfloat16, backend="cpu")
+        mlps.append(to_quantized(mlp) if quant else mlp)
+    net = nn.SequentialCell(mlps)
+    net.set_inputs(ms.Tensor(shape=[None, hidden], dtype=ms.bfloat16))
+    return net
+
+
+def _bytes(net):
+    return sum(p.nbytes for p in net.get_parameters())
+
+
+def speed(hidden, inter, tokens, layers, rounds):
+    import mindspore as ms  # noqa: PLC0415
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    nets = {"bfloat16": _chain(hidden, inter, layers, None), "int8": _chain(hidden, inter, layers, "int8")}
+    nbytes = {name: _bytes(net) for name, net in nets.items()}
+    big = np.ones(READ_PROBE_FLOATS, np.float32)
+    rows = []
+    for n in tokens:
+        x = ms.Tensor(np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)).astype(ms.bfloat16)
+        variants = {name: (lambda net=net: net(x).asnumpy()) for name, net in nets.items()}
+        if n == 1:
+            variants["read probe"] = lambda: read_sum(big)
+        stats, dist = watched(variants, rounds)
+        row = {"tokens": n, "disturbance": dist}
+        for name in nets:
+            s = stats[name]
+            row[name] = {"median_ms": s["median_s"] * 1e3, "min_ms": s["min_s"] * 1e3, "spread": s["spread"],
+                         "bytes": nbytes[name], "GB/s": nbytes[name] / s["median_s"] / 1e9}
+        row["int8/bf16 speedup"] = {"median": stats["bfloat16"]["median_s"] / stats["int8"]["median_s"],
+                                    "min": stats["bfloat16"]["min_s"] / stats["int8"]["min_s"]}
+        if n == 1:
+            read = big.nbytes / stats["read probe"]["median_s"] / 1e9
+            row["read_probe_GB/s"] = read
+            for name in nets:
+                row[name]["fraction_of_read"] = row[name]["GB/s"] / read
+        rows.append(row)
+        _print_row(row)
+    return rows
+
+
+def _print_row(row):
+    n, b, q = row["tokens"], row["bfloat16"], row["int8"]
+    frac = (f"; read {row['read_probe_GB/s']:.1f} GB/s: bf16 {b['fraction_of_read']:.0%}, int8 "
+            f"{q['fraction_of_read']:.0%}") if "read_probe_GB/s" in row else ""
+    flag = " DISTURBED" if row["disturbance"]["flagged"] else ""
+    print(f"N={n:4d}  bf16 {b['median_ms']:8.2f} ms (min {b['min_ms']:.2f})  int8 {q['median_ms']:8.2f} ms "
+          f"(min {q['min_ms']:.2f})  int8 speedup {row['int8/bf16 speedup']['median']:.2f}x "
+          f"(min {row['int8/bf16 speedup']['min']:.2f}x){frac}; disturbance "
+          f"{row['disturbance']['fraction']:.1%}{flag}", flush=True)
+
+
+def _quantize(w, group=0):
+    """Dequantized int8 weights: per output row (group 0) or per group of ``group`` inputs of a row."""
+    g = w.reshape(w.shape[0], -1, group) if group else w[:, None, :]
+    scale = np.abs(g).max(-1, keepdims=True) / 127
+    scale[scale == 0] = 1
+    return (np.clip(np.rint(g / scale), -127, 127) * scale).reshape(w.shape)
+
+
+def _mlp(x, gate_up, down):
+    z = x @ gate_up.T
+    inter = gate_up.shape[0] // 2
+    with np.errstate(over="ignore"):
+        return (z[:, :inter] / (1 + np.exp(-z[:, :inter])) * z[:, inter:]) @ down.T
+
+
+def accuracy(hidden, inter, tokens=16, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((tokens, hidden))
+    out = []
+    for outliers in ("rows", "columns"):
+        gu, down = rng.standard_normal((2 * inter, hidden)) * 0.02, rng.standard_normal((hidden, inter)) * 0.02
+        for w in (gu, down):
+            if outliers == "rows":
+                w[rng.choice(w.shape[0], w.shape[0] // 100, replace=False)] *= 20
+            else:
+                w[:, rng.choice(w.shape[1], w.shape[1] // 100, replace=False)] *= 20
+        gu, down = gu.astype(np.float32).astype(np.float64), down.astype(np.float32).astype(np.float64)
+        ref = _mlp(x, gu, down)
+        for group in (0, 128):
+            y = _mlp(x, _quantize(gu, group), _quantize(down, group))
+            rel = np.abs(y - ref) / np.abs(ref).max(-1, keepdims=True)
+            r = {"outliers": outliers, "scales": f"per group of {group}" if group else "per output row",
+                 "max_rel": float(rel.max()), "mean_rel": float(rel.mean()),
+                 "frobenius_rel": float(np.linalg.norm(y - ref) / np.linalg.norm(ref))}
+            out.append(r)
+            print(f"outlier {outliers:7s} scales {r['scales']:18s} max rel {r['max_rel']:.4f}  mean rel "
+                  f"{r['mean_rel']:.5f}  Frobenius rel {r['frobenius_rel']:.4f}", flush=True)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="bench_quant", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="llama-7b")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128, 512])
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--accuracy", action="store_true", help="also the accuracy figures (NumPy, float64)")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    hidden, inter = preset_shape(args.preset)
+    result = {"preset": args.preset, "hidden": hidden, "intermediate": inter, "layers": args.layers,
+              "rounds": args.rounds}
+    if args.accuracy:
+        result["accuracy"] = accuracy(hidden, inter)
+    result["speed"] = speed(hidden, inter, args.tokens, args.layers, args.rounds)
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -166,7 +166,7 @@ def ceiling_calls(hidden, inter, dtypes, peers):
         x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
         probes = {}
         for d in dtypes:
-            x, out = as_dtype(x32, d), as_dtype(np.empty((n, 2 * inter), np.float32), d)
+            x, out = as_dtype(x32, d), as_dtype(np.zeros((n, 2 * inter), np.float32), d)
             probes[f"ceiling/library/{d}"] = library(x, ws[d], out, d)
             if d in peers:
                 probes[f"ceiling/torch/{d}"] = peers[d].gemm

@@ -4,6 +4,7 @@ import tempfile
 import mindspore as ms
 import numpy as np
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
 from mindspore import nn
 
 ms.set_device("CPU")
@@ -11,6 +12,13 @@ ms.set_device("CPU")
 from ms_swiglu.config import TOLERANCE as TOL  # dtype -> (atol, rtol)
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """hypothesis keeps its examples and caches in the session's temporary folder (it writes them while the
+    tests are collected), not in .hypothesis/ of the working directory."""
+    set_hypothesis_home_dir(str(config._tmp_path_factory.mktemp("hypothesis")))
 
 
 @pytest.fixture(params=list(MODES))

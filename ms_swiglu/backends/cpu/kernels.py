@@ -21,8 +21,6 @@ import warnings
 
 import numpy as np
 
-from ms_swiglu.config import DTYPE_NAMES
-
 # The NumPy arrays `run` takes per dtype (bfloat16 as its 16-bit patterns).
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
@@ -105,8 +103,8 @@ def ops():
 
 
 def _dtype(dtype):
-    if dtype not in DTYPE_NAMES:
-        raise ValueError(f"expected a dtype in {DTYPE_NAMES}, got {dtype!r}")
+    if dtype not in dtypes():
+        raise ValueError(f"expected a dtype in {dtypes()}, got {dtype!r}")
     return dtype.encode()
 
 

@@ -114,7 +114,7 @@ with warnings.catch_warnings(record=True) as caught:
     status = kernels.onednn(); kernels.onednn()
 print("STATUS", status)
 print("WARNINGS", len([w for w in caught if "ms_swiglu: oneDNN unavailable" in str(w.message)]))
-print("PATHS", kernels.path("float32", 512), kernels.path("bfloat16", 512))
+print("PATHS", kernels.path("float32", 512), kernels.path("bfloat16", 1024))
 rng = np.random.default_rng(0)
 x, w = rng.standard_normal((64, 40)).astype(np.float32), rng.standard_normal((30, 40)).astype(np.float32)
 y = kernels.linear(x, w, np.empty((64, 15), np.float32), "float32", swiglu=True)
@@ -142,5 +142,5 @@ def test_a_onednn_outside_the_headers_abi_is_refused_and_the_kernels_fall_back(t
     out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ")[0].isupper())
     assert out["STATUS"].startswith("unavailable: " + why.format(lib=lib)), out["STATUS"]
     assert out["WARNINGS"] == "1"  # one clear warning, however often it is asked
-    assert out["PATHS"] == "skinny skinny"  # every token count on the package's own kernels (amx: 3..256 only)
+    assert out["PATHS"] == "skinny skinny"  # every token count on the package's own kernels (amx: 3..512 only)
     assert float(out["ERR"]) < 1e-4

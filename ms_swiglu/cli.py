@@ -5,7 +5,6 @@ that fails is a bug or the environment (exit 1, one line, the traceback kept in 
 output appears whole or not at all, and an existing one is kept unless --force (``ms_swiglu.outputs``).
 """
 import datetime
-import json
 import os
 import sys
 import tempfile
@@ -16,6 +15,7 @@ import numpy as np
 from ms_swiglu.backends import NAMES as BACKENDS
 from ms_swiglu.backends.chips import BY_KEY as CHIPS, DEFAULT as DEFAULT_CHIP
 from ms_swiglu.checkpoint import dump_safetensors, read_config
+from ms_swiglu.checkpoint.hf import read_config_json
 from ms_swiglu.checkpoint.converted import (ConvertedFile, float32_kinds, is_converted, metadata, quantize_layer,
                                             rank_paths, read_hf_layer, shard_layer, tensor_names)
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
@@ -92,11 +92,9 @@ def cmd_convert(args):
     _count("--tp-size", args.tp_size)
     if os.path.isfile(args.checkpoint):
         raise UsageError(f"--checkpoint: expected a HuggingFace checkpoint folder, got the file {args.checkpoint}")
-    config = read_config(args.checkpoint)
+    config, config_json = read_config_json(args.checkpoint)
     layers = _layers(f"0-{config.num_hidden_layers - 1}" if args.layers is None else args.layers, config)
     config.check_tp(args.tp_size, layers)
-    with open(os.path.join(args.checkpoint, "config.json")) as f:
-        config_json = json.load(f)  # read_config has checked it
     ranks = [{} for _ in range(args.tp_size)]
     with OutputSet(rank_paths(args.output, args.tp_size), args.force) as out:
         dtype, float32 = args.dtype, set()

@@ -37,6 +37,13 @@ class Dense(nn.Dense):
         return matmul(self.matmul, x, self.weight, self.upcast)
 
 
+def int8_parameters(shape, name, scale_shape):
+    """An int8 weight Parameter ``name`` and its float32 scales ``{name}_scale`` (weight-only int8: inference
+    only, filled by the loaders)."""
+    return (Parameter(Tensor(np.zeros(shape, np.int8)), name=name, requires_grad=False),
+            Parameter(Tensor(np.ones(scale_shape, np.float32)), name=f"{name}_scale", requires_grad=False))
+
+
 class Linear(nn.Cell):
     """``x W^T`` (bias-free); with ``swiglu``, ``SiLU(gate) * up`` of the packed output ``[gate, up]``.
 
@@ -57,9 +64,7 @@ class Linear(nn.Cell):
         self.dtype, self.quant = to_dtype(dtype), check_quant(quant)
         self.backend = resolve(backend)
         if quant:
-            self.weight = Parameter(Tensor(np.zeros((d_out, d_in), np.int8)), name="weight", requires_grad=False)
-            self.weight_scale = Parameter(Tensor(np.ones(d_out, np.float32)), name="weight_scale",
-                                          requires_grad=False)
+            self.weight, self.weight_scale = int8_parameters((d_out, d_in), "weight", (d_out,))
         else:
             self.weight = Parameter(initializer(HeUniform(math.sqrt(5)), [d_out, d_in], self.dtype), name="weight")
             self.weight_scale = None

@@ -9,7 +9,7 @@ k = top_k, p = tp_size, I_s = shared_intermediate_size.
 """
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.common.initializer import HeUniform, initializer
 
@@ -17,7 +17,7 @@ from ms_swiglu.backends import resolve
 from ms_swiglu.backends.matmul import cpu_upcast
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
-from ms_swiglu.linear import Dense
+from ms_swiglu.linear import Dense, int8_parameters
 from ms_swiglu.mlp import PackedSwiGLUMLP
 from ms_swiglu.packing import check_quant, check_tp
 from ms_swiglu.parallel import reduce_cell
@@ -41,8 +41,9 @@ class StackedExperts(nn.Cell):
         self.in_out = backend.experts_in_out
         gate_up, down = (num_experts, 2 * intermediate_size, hidden_size), (num_experts, hidden_size, intermediate_size)
         if quant:  # int8, a float32 scale per output row of every expert
-            self.gate_up_proj, self.gate_up_proj_scale = _int8(self.layout(gate_up), "gate_up_proj", gate_up[:2])
-            self.down_proj, self.down_proj_scale = _int8(self.layout(down), "down_proj", down[:2])
+            self.gate_up_proj, self.gate_up_proj_scale = int8_parameters(self.layout(gate_up), "gate_up_proj",
+                                                                         gate_up[:2])
+            self.down_proj, self.down_proj_scale = int8_parameters(self.layout(down), "down_proj", down[:2])
         else:
             self.gate_up_proj = Parameter(initializer(HeUniform(np.sqrt(5)), self.layout(gate_up), dtype),
                                           name="gate_up_proj")
@@ -59,11 +60,6 @@ class StackedExperts(nn.Cell):
     def construct(self, x, ids, weights):
         return self.op(x, ids, weights, self.gate_up_proj, self.down_proj, self.gate_up_proj_scale,
                        self.down_proj_scale)
-
-
-def _int8(shape, name, scale_shape):
-    return (Parameter(Tensor(np.zeros(shape, np.int8)), name=name, requires_grad=False),
-            Parameter(Tensor(np.ones(scale_shape, np.float32)), name=f"{name}_scale", requires_grad=False))
 
 
 class PackedMoE(nn.Cell):

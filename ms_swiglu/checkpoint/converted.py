@@ -61,11 +61,11 @@ def tensor_names(config, layer):
     return names
 
 
-def read_hf_layer(config, folder, layer):
-    """(``{kind: array}`` of one layer of a HuggingFace checkpoint, all ranks; its dtype name)."""
-    if config.is_moe_layer(layer):
-        return load_moe_layer(folder, layer, config)
-    return load_dense_layer(folder, layer, config)
+def read_hf_layer(config, folder, layer, tp_size=1, rank=0):
+    """(``{kind: array}`` of one layer of a HuggingFace checkpoint, all ranks or rank ``rank``'s part; its dtype
+    name)."""
+    read = load_moe_layer if config.is_moe_layer(layer) else load_dense_layer
+    return read(folder, layer, config, tp_size, rank)
 
 
 def quantize_layer(tensors, quant):
@@ -122,7 +122,7 @@ class ConvertedFile:
                                       f"conversion ({os.path.basename(found[0])}, ...): run it with their --tp-size")
         if not os.path.isfile(self.path):
             raise CheckpointError(f"checkpoint: expected a converted file {self.path}, found none")
-        self._folder = SafetensorsFolder.of_file(self.path)
+        self._folder = SafetensorsFolder(self.path)
         meta = self._folder.metadata(self.path)
         if meta.get("format") != FORMAT or "config" not in meta:
             raise CheckpointError(f"{self.path}: expected a file written by ms-swiglu convert (format {FORMAT}), "

@@ -40,16 +40,11 @@ class SafetensorsFolder:
                     raise CheckpointError(f"{index}: expected shard file names inside {folder}, got {shard!r}")
         elif os.path.exists(single):
             self.weight_map = {name: "model.safetensors" for name in self._open(single)[1]}
-        elif os.path.isfile(folder):  # one file (of_file)
+        elif os.path.isfile(folder):  # one safetensors file, read as a folder's are
             self.folder, name = os.path.split(folder)
             self.weight_map = {n: name for n in self._open(folder)[1]}
         else:
             raise CheckpointError(f"checkpoint: expected {single} or {index} in {folder}, found neither")
-
-    @classmethod
-    def of_file(cls, path):
-        """The tensors of one safetensors file, read as a folder's are."""
-        return cls(path)
 
     def metadata(self, path):
         """The ``__metadata__`` of one of its files (``{}`` when it has none)."""

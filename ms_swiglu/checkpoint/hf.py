@@ -175,6 +175,11 @@ def _moe(model_type, c, layers):
 
 def read_config(folder):
     """The :class:`ModelConfig` of a checkpoint folder."""
+    return read_config_json(folder)[0]
+
+
+def read_config_json(folder):
+    """(the :class:`ModelConfig` of a checkpoint folder, config.json's contents as read)."""
     if not os.path.isdir(folder):
         raise CheckpointError(f"checkpoint: expected a folder, got {folder!r} (not found)")
     path = os.path.join(folder, "config.json")
@@ -185,7 +190,7 @@ def read_config(folder):
         raise CheckpointError(f"checkpoint: expected {path}, found none") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: expected JSON, got a parse error ({exc})") from None
-    return parse_config(raw, path)
+    return parse_config(raw, path), raw
 
 
 def parse_config(raw, path):

@@ -5,9 +5,9 @@ convert`` wrote (packed, and quantized if they are).
 ``dtype``: the compute dtype; ``None`` keeps the checkpoint's. ``quant``: "int8" quantizes a float checkpoint's
 projections at load (weight-only; ``ms_swiglu.packing.quantize_int8``); a quantized file loads quantized.
 """
-from ms_swiglu.checkpoint.converted import SCALE, ConvertedFile, is_converted, quantize_layer, read_config
+from ms_swiglu.checkpoint.converted import (SCALE, ConvertedFile, is_converted, quantize_layer, read_config,
+                                            read_hf_layer)
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
-from ms_swiglu.checkpoint.hf import load_dense_layer, load_moe_layer
 from ms_swiglu.ffn import FFNBlock
 from ms_swiglu.mlp import PackedSwiGLUMLP, load_weights, param_dtype
 from ms_swiglu.moe import PackedMoE
@@ -23,8 +23,7 @@ def _layer(path, layer, config, tp_size, rank, quant):
                 raise CheckpointError(f"quant: expected {file.quant} (the file's) or none, got {quant!r}")
             return weights, dtype, file.quant
     else:
-        read = load_moe_layer if config.is_moe_layer(layer) else load_dense_layer
-        weights, dtype = read(path, layer, config, tp_size, rank)
+        weights, dtype = read_hf_layer(config, path, layer, tp_size, rank)
     return (quantize_layer(weights, quant) if quant else weights), dtype, quant
 
 

@@ -71,8 +71,14 @@ def _x(n, k, dtype, seed=0):
 def test_int8_kernels_on_every_path_against_numpy(dtype):
     """QLinear and QGateUpSwiglu (int8 weights): the dequantized float64 GEMM (the weights widen exactly; the
     scale multiplies the float32 sum), on the automatic and every forced path, decode to prefill."""
-    k, m = 256, 96  # the amx path's tiles cover these (k % 32, m / 2 % 16)
-    rng = np.random.default_rng(1)
+    # the amx path's tiles cover these (k % 32, m / 2 % 16); k of 8 and of 13 tile steps (one panel chunk of 12,
+    # and two: the widening prefetches past a row's end); m with a lone 16-row block in one half
+    for k, m in ((256, 96), (416, 160)):
+        _check_int8_kernels(dtype, k, m)
+
+
+def _check_int8_kernels(dtype, k, m):
+    rng = np.random.default_rng(k)
     q, s = quantize_int8(rng.standard_normal((m, k)) / np.sqrt(k))  # outputs O(1), as in a model
     w64 = dequantize_int8(q, s).astype(np.float64)
     np_dtype = kernels.NP_DTYPES[dtype]

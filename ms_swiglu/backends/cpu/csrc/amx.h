@@ -13,5 +13,7 @@ int64_t vnni_elements(int64_t n, int64_t k);  // size of to_vnni's output (uint1
 void to_vnni(const uint16_t *x, int64_t n, int64_t k, uint16_t *xv, int64_t p0, int64_t p1);
 // c[t * ldc + j] = sum_k x[t, k] w[j, k] for j < m, t < n: w [m, k] bfloat16 read in place, xv from to_vnni.
 void rows(const uint16_t *xv, int64_t n, int64_t k, const uint16_t *w, int64_t m, float *c, int64_t ldc);
+// The same with int8 weights [m, k], widened to bfloat16 exactly as they are packed; the sums are unscaled.
+void rows(const uint16_t *xv, int64_t n, int64_t k, const int8_t *w, int64_t m, float *c, int64_t ldc);
 
 }  // namespace msw::amx

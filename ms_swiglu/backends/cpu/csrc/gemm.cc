@@ -40,10 +40,9 @@ constexpr int64_t kBlockRows = 1024;
 constexpr int64_t kSkinnyRows = 64, kSkinnyCols = 32;
 // Rows per call of the amx path above 16 tokens, where it shares the tokens' tiles between panels (amx.cc).
 constexpr int64_t kAmxRows = 256;
-// int8 weights on the tile path are widened (exactly) a block at a time into a buffer of at most this many
-// bytes, which the tiles then read from the cache; the oneDNN paths widen their whole block of rows (the widening
-// is small beside the GEMM there, and oneDNN runs best on large blocks).
-constexpr int64_t kWideBytes = 1 << 20;
+// int8 weights on the oneDNN paths are widened (exactly) to the activations' dtype, the whole block of rows at a
+// time (the widening is small beside the GEMM there, and oneDNN runs best on large blocks); the amx path widens
+// them as it packs its panels (amx.cc).
 // Elements below which a widening pass runs in the calling thread alone (waking the pool costs more).
 constexpr int64_t kSerialElements = 1 << 15;
 
@@ -67,10 +66,6 @@ struct Op {
   size_t yes() const { return dtype_size(yd); }
   size_t ws() const { return scale ? 1 : es(); }  // bytes per weight
   const char *row(const void *w, int64_t r) const { return static_cast<const char *>(w) + r * k * ws(); }
-  // weight rows per widened block of int8 weights, a multiple of 16 (the tiles' rows)
-  int64_t wide_rows(int wd) const {
-    return std::max<int64_t>(16, kWideBytes / (k * int64_t(dtype_size(wd))) / 16 * 16);
-  }
   // c[t * ldc + j] *= scale[r0 + j]: int8 weights' per-row scales, applied to the float32 sums
   void rescale(int64_t r0, int64_t rows, float *c, int64_t ldc, bool transposed = false) const {
     if (!scale) return;
@@ -79,25 +74,11 @@ struct Op {
   }
   // weight rows per call of stream(): the amx path blocks its rows itself (amx.cc), in larger blocks
   int64_t step(int64_t skinny_rows) const { return path == kAmx && n > 16 ? kAmxRows : skinny_rows; }
-  // int8 rows on tiles: the next block's rows fetched into L2 while this one is widened and multiplied (the
-  // widening reads them from the cache then; one read stream per row reaches ~5 GB/s here)
-  void prefetch(const void *w, int64_t r0, int64_t rows) const {
-    if (!scale || path != kAmx) return;
-    const char *p = row(w, r0);
-    for (int64_t i = 0; i < rows * k; i += 64) __builtin_prefetch(p + i, 0, 2);
-  }
   // c[t * ldc + j] = sum_k x[t, k] w[r0 + j, k], j < rows: the weight-streaming kernel of the path
   void stream(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
     const void *w_rows = row(w, r0);
-    if (path == kAmx && scale) {  // int8 on tiles: widened to bfloat16 a block at a time
-      thread_local std::vector<uint16_t> wide;
-      const int64_t b = wide_rows(kBF16);
-      wide.resize(b * k);
-      for (int64_t j = 0; j < rows; j += b) {
-        const int64_t r = std::min(b, rows - j);
-        ik->widen_q8[kBF16](static_cast<const int8_t *>(w_rows) + j * k, wide.data(), r, k);
-        amx::rows(xv, n, k, wide.data(), r, c + j, ldc);
-      }
+    if (path == kAmx && scale) {  // int8 on tiles: widened to bfloat16 as the panels are packed
+      amx::rows(xv, n, k, static_cast<const int8_t *>(w_rows), rows, c, ldc);
     } else if (path == kAmx) {
       amx::rows(xv, n, k, static_cast<const uint16_t *>(w_rows), rows, c, ldc);
     } else if (scale) {
@@ -231,7 +212,6 @@ bool linear(const Linear &call, const void *w, int64_t m, void *y) {
       std::vector<float> c(op.n * step);
       for (int64_t j0 = b0 * step; j0 < std::min(m, b1 * step); j0 += step) {
         const int64_t rows = std::min(step, m - j0);
-        if (j0 + step < std::min(m, b1 * step)) op.prefetch(w, j0 + step, std::min(step, m - j0 - step));
         if (op.yd == kF32) {
           op.stream(w, j0, rows, static_cast<float *>(y) + j0, m);
           continue;
@@ -282,10 +262,6 @@ bool gate_up_swiglu(const Linear &call, const void *w, int64_t inter, void *y) {
       std::vector<float> c(op.n * 2 * step);
       for (int64_t j0 = b0 * step; j0 < std::min(inter, b1 * step); j0 += step) {
         const int64_t cols = std::min(step, inter - j0);
-        if (j0 + step < std::min(inter, b1 * step)) {
-          op.prefetch(w, j0 + step, std::min(step, inter - j0 - step));
-          op.prefetch(w, inter + j0 + step, std::min(step, inter - j0 - step));
-        }
         op.stream(w, j0, cols, c.data(), 2 * cols);
         op.stream(w, inter + j0, cols, c.data() + cols, 2 * cols);
         for (int64_t t = 0; t < op.n; ++t) epilogue(c.data(), 2 * cols, t, j0, cols);

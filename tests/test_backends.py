@@ -87,17 +87,22 @@ def test_the_tuning_table_is_what_the_paths_follow():
     table = kernels.tuning()
     for dtype in DTYPE_NAMES:
         swapped, amx = table["swapped_tokens"][dtype], table["amx_tokens"][dtype]
-        for n in range(1, 600):
-            if table["amx_available"] and amx and amx[0] <= n <= amx[1]:
-                want = "amx"
-            elif n <= table["skinny_max_tokens"][dtype]:
-                want = "skinny"
-            elif swapped and swapped[0] <= n <= swapped[1]:
-                want = "onednn-swapped"
-            else:
-                want = "onednn"
-            got = kernels.path(dtype, n)
-            assert got == want or (got == "skinny" and dtype == "float16"), (dtype, n, got)  # float16: CPU-dependent
+        for quant in (None, "int8"):  # int8 weights: their own skinny range, checked first
+            for n in range(1, 600):
+                if quant and n <= table["skinny_max_tokens_int8"][dtype]:
+                    want = "skinny"
+                elif table["amx_available"] and amx and amx[0] <= n <= amx[1]:
+                    want = "amx"
+                elif n <= table["skinny_max_tokens"][dtype]:
+                    want = "skinny"
+                elif swapped and swapped[0] <= n <= swapped[1]:
+                    want = "onednn-swapped"
+                else:
+                    want = "onednn"
+                got = kernels.path(dtype, n, quant)
+                assert got == want or (got == "skinny" and dtype == "float16"), (dtype, n, quant, got)  # float16: CPU
+    assert kernels.path("bfloat16", 4, "int8") == "skinny"  # where the int8 table differs from the 16-bit one
+    assert kernels.path("bfloat16", 4) == ("amx" if table["amx_available"] else "skinny")
 
 
 FAKE_DNNL = r"""

@@ -43,7 +43,7 @@ def _lib():
         getattr(lib, name).restype = ctypes.c_char_p
     lib.msw_set_isa.argtypes = [ctypes.c_char_p]
     lib.msw_onednn.argtypes = [ctypes.c_char_p]
-    lib.msw_path.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.msw_path.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int]
     lib.msw_launches.argtypes = [ctypes.c_char_p]
     lib.msw_launches.restype = ctypes.c_int64
     return lib
@@ -108,11 +108,12 @@ def _dtype(dtype):
     return dtype.encode()
 
 
-def path(dtype, tokens):
-    """The GEMM path ``tokens`` tokens of ``dtype`` take: ``skinny`` (each weight row streamed once for all
-    tokens), ``onednn`` (y = x W^T) or ``onednn-swapped`` (y^T = W x^T, the weights as oneDNN's source)."""
+def path(dtype, tokens, quant=None):
+    """The GEMM path ``tokens`` tokens of ``dtype`` take (with ``quant="int8"``: against int8 weights): ``skinny``
+    (each weight row streamed once for all tokens), ``onednn`` (y = x W^T), ``onednn-swapped`` (y^T = W x^T, the
+    weights as oneDNN's source) or ``amx`` (bfloat16 on AMX tiles)."""
     onednn()
-    return paths()[_lib().msw_path(_dtype(dtype), int(tokens))]
+    return paths()[_lib().msw_path(_dtype(dtype), int(tokens), quant is not None)]
 
 
 @contextlib.contextmanager

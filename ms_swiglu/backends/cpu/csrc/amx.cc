@@ -169,27 +169,67 @@ inline void pack_row(const int8_t *w, int64_t steps, uint16_t *a) {
   }
 }
 
+// One group of tokens against 16 * RB int8 weight rows over all of k: the C tiles stay in place from the first
+// chunk of k to the last, and the rows' next chunk is widened into the other half of the panel buffer while the
+// tiles multiply this one (the packing, not the tiles, bounds this case; issued between the tile ops it overlaps
+// them). c[t * ldc + j] for t < nt.
+template <int RB>
+void one_group_q8(const uint16_t *xv, int64_t nt, int64_t k, const int8_t *w, float *c, int64_t ldc) {
+  constexpr int rows = 16 * RB;
+  alignas(64) uint16_t a[2][kPanelSteps * 1024];
+  const int64_t chunk = kPanelSteps * kK, chunks = (k + chunk - 1) / chunk;
+  auto steps_of = [&](int64_t ch) { return std::min(kPanelSteps, (k - ch * chunk) / kK); };
+  for (int r = 0; r < rows; ++r) pack_row(w + r * k, steps_of(0), a[0] + r * kK);
+  _tile_zero(0);
+  if constexpr (RB == 2) _tile_zero(2);
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    const uint16_t *ac = a[ch % 2], *bc = xv + ch * chunk * kTok;
+    uint16_t *an = a[(ch + 1) % 2];
+    const int64_t steps = steps_of(ch), next = ch + 1 < chunks ? steps_of(ch + 1) : 0;
+    const int per = (rows + int(steps) - 1) / int(steps);  // rows of the next chunk packed per step
+    for (int64_t s = 0; s < steps; ++s) {
+      _tile_loadd(4, ac + s * 1024, 64);
+      _tile_loadd(6, bc + s * kK * kTok, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (RB == 2) {
+        _tile_loadd(5, ac + s * 1024 + 512, 64);
+        _tile_dpbf16ps(2, 5, 6);
+      }
+      if (next)
+        for (int r = int(s) * per; r < std::min(rows, int(s + 1) * per); ++r)
+          pack_row(w + r * k + (ch + 1) * chunk, next, an + r * kK);
+    }
+  }
+  alignas(64) float t[2][256];
+  _tile_stored(0, t[0], 64);
+  if constexpr (RB == 2) _tile_stored(2, t[1], 64);
+  for (int r = 0; r < RB; ++r) store_block(t[r], nt, c + 16 * r, ldc);
+}
+
 template <typename W>
 void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, float *c, int64_t ldc) {
   static const Config config;
   _tile_loadconfig(&config);
   const int64_t groups = (n + kTok - 1) / kTok;
-  if constexpr (std::is_same_v<W, uint16_t>) {
-    if (groups == 1) {  // few tokens: bound by the weight read, one row block at a time, read in place
+  if (groups == 1) {  // few tokens: bound by the weight read, one row block at a time
+    if constexpr (std::is_same_v<W, uint16_t>) {  // read in place
       for (int64_t j = 0; j < m; j += 16) block1(xv, n, k, w + j * k, c + j, ldc);
-      _tile_release();
-      return;
+    } else {
+      int64_t j = 0;
+      for (; j + 32 <= m; j += 32) one_group_q8<2>(xv, n, k, w + j * k, c + j, ldc);
+      if (j < m) one_group_q8<1>(xv, n, k, w + j * k, c + j, ldc);
     }
+    _tile_release();
+    return;
   }
   // Blocks of kBlockRows weight rows; per block, k in chunks of kPanelSteps steps: the tokens' B tiles of one
   // chunk stay in L2 while every 32-row panel of the block passes over them (packed, in L1) with every pair of
   // token groups. The accumulators wait in acc between chunks.
   const int64_t pairs = (groups + 1) / 2, panel_floats = pairs * 4 * 256;  // [pair][row block][group][16 x 16]
-  const int64_t block_rows = groups == 1 ? 32 : kBlockRows;  // (one group: int8, a panel's rows at a time)
-  std::vector<float> acc((std::min(block_rows, m) + 31) / 32 * panel_floats);
+  std::vector<float> acc((std::min(kBlockRows, m) + 31) / 32 * panel_floats);
   alignas(64) uint16_t a[kPanelSteps * 1024];
-  for (int64_t j0 = 0; j0 < m; j0 += block_rows) {
-    const int64_t j1 = std::min(m, j0 + block_rows);
+  for (int64_t j0 = 0; j0 < m; j0 += kBlockRows) {
+    const int64_t j1 = std::min(m, j0 + kBlockRows);
     for (int64_t k0 = 0; k0 < k; k0 += kPanelSteps * kK) {
       const int64_t steps = std::min(kPanelSteps, (k - k0) / kK);
       for (int64_t j = j0; j < j1; j += 32) {

@@ -23,6 +23,10 @@ namespace {
 // The tuning table, by dtype (float32, float16, bfloat16), measured with tools/bench_linear.py at llama-7b
 // shapes: the skinny kernel up to kSkinnyMax tokens, the swapped oneDNN path within kSwap, plain oneDNN above.
 constexpr int64_t kSkinnyMax[kDtypes] = {8, 12, 4};
+// int8 weights: the skinny kernel (which reads them in place, in registers) up to these, checked before the amx
+// path: bfloat16 at 3-4 tokens skinny 6.4-7.5 ms against amx 8.4-8.9 (llama-7b gate_up + down, interleaved), at 6
+// 9.6-10.0 against 8.9-9.3.
+constexpr int64_t kSkinnyMaxQ8[kDtypes] = {8, 12, 4};
 constexpr int64_t kSwap[kDtypes][2] = {{9, 192}, {1, 0}, {32, 192}};  // float16: swapping gained nothing measurable
 // The experts' GEMMs of a MoE block (one thread each when there are many, few rows each): the swapped path
 // from the skinny range on for bfloat16 (measured at 16 rows per expert on the Qwen3-30B-A3B shape: 121 ms
@@ -126,7 +130,7 @@ bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows
 template <typename Body>
 bool run(const Linear &call, int64_t rows, const Body &body) {
   Op op{call.d, call.yd < 0 ? call.d : call.yd, call.x, nullptr, nullptr, call.n, call.k,
-        path(call.d, call.n, call.expert), &isa(), call.scale};
+        path(call.d, call.n, call.expert, call.scale != nullptr), &isa(), call.scale};
   if (op.path == kAmx && !amx::takes(op.k, rows)) op.path = kSkinny;
   std::vector<uint16_t> xv;
   if (op.path == kAmx) {
@@ -149,10 +153,11 @@ bool run(const Linear &call, int64_t rows, const Body &body) {
 
 }  // namespace
 
-Path path(int d, int64_t n, bool expert) {
+Path path(int d, int64_t n, bool expert, bool q8) {
   const int forced = g_forced;
   const int64_t *swap = expert ? kSwapExpert[d] : kSwap[d];
   const Path p = forced >= 0 ? Path(forced)
+                 : q8 && n <= kSkinnyMaxQ8[d] ? kSkinny
                  : n >= kAmxTokens[d][0] && n <= kAmxTokens[d][1] && amx::available() ? kAmx
                  : n <= kSkinnyMax[d] ? kSkinny
                  : n >= swap[0] && n <= swap[1] ? kSwapped : kOnednn;
@@ -165,9 +170,11 @@ int force_path(int p) { return g_forced.exchange(p >= 0 && p < kPaths ? p : -1);
 std::string tuning_json() {
   std::string s = "{\"paths\": [";
   for (int p = 0; p < kPaths; ++p) s += std::string(p ? ", " : "") + "\"" + kPathNames[p] + "\"";
-  s += "], \"skinny_max_tokens\": {";
-  for (int d = 0; d < kDtypes; ++d)
-    s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + std::to_string(kSkinnyMax[d]);
+  for (const auto &[key, most] : {std::pair{"skinny_max_tokens", kSkinnyMax}, {"skinny_max_tokens_int8", kSkinnyMaxQ8}}) {
+    s += std::string(key == std::string("skinny_max_tokens") ? "], \"" : "}, \"") + key + "\": {";
+    for (int d = 0; d < kDtypes; ++d)
+      s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + std::to_string(most[d]);
+  }
   const std::pair<const char *, const int64_t(*)[2]> rows[] = {
       {"amx_tokens", kAmxTokens}, {"swapped_tokens", kSwap}, {"swapped_tokens_expert", kSwapExpert}};
   for (const auto &[key, swap] : rows) {

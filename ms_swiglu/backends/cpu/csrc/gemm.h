@@ -13,7 +13,8 @@ namespace msw {
 enum Path { kSkinny, kOnednn, kSwapped, kAmx, kPaths };
 extern const char *const kPathNames[kPaths];
 
-Path path(int d, int64_t n, bool expert = false);  // the path n tokens of dtype d take (kSkinny when oneDNN cannot)
+// the path n tokens of dtype d take (kSkinny when oneDNN cannot); q8: with int8 weights
+Path path(int d, int64_t n, bool expert = false, bool q8 = false);
 int force_path(int p);              // every call takes path p (-1: the automatic choice); returns the previous
 std::string tuning_json();          // the tuning table, for the Python side and the benchmarks
 

@@ -5,11 +5,8 @@ from mindspore.train import mind_ir_pb2
 
 from ms_swiglu.errors import InputError
 
-def _nodes(path):
-    """The operator type of every node of a MindIR (main graph and sub-graphs), ``Constant`` nodes left out.
-
-    MindIR names primitive nodes ``REF::<Type>:<n>``; a node that calls a sub-graph (the branch a ``Switch``
-    chose) is ``REF::<graph>:<node>:<n>`` and is reported as ``Call``."""
+def _model(path):
+    """The MindIR at ``path`` as its protobuf ``ModelProto``."""
     model = mind_ir_pb2.ModelProto()
     with open(path, "rb") as f:
         data = f.read()
@@ -17,6 +14,15 @@ def _nodes(path):
         model.ParseFromString(data)
     except Exception as exc:  # protobuf raises its own DecodeError
         raise InputError(f"{path}: expected a MindIR protobuf, got undecodable data ({exc})") from None
+    return model
+
+
+def _nodes(path):
+    """The operator type of every node of a MindIR (main graph and sub-graphs), ``Constant`` nodes left out.
+
+    MindIR names primitive nodes ``REF::<Type>:<n>``; a node that calls a sub-graph (the branch a ``Switch``
+    chose) is ``REF::<graph>:<node>:<n>`` and is reported as ``Call``."""
+    model = _model(path)
     graphs = [model.graph, *model.functions]
     names = {g.name for g in graphs}
     for graph in graphs:
@@ -43,9 +49,7 @@ def op_types(path):
 
 def graph_io(path):
     """``{"inputs": [{"name", "shape"}], "outputs": [...]}`` of a MindIR's main graph; -1 marks a dynamic dim."""
-    model = mind_ir_pb2.ModelProto()
-    with open(path, "rb") as f:
-        model.ParseFromString(f.read())
+    model = _model(path)
 
     def describe(values):
         return [{"name": v.name, "shape": list(v.tensor[0].dims) if v.tensor else None} for v in values]
@@ -55,10 +59,7 @@ def graph_io(path):
 
 def int8_parameters(path):
     """``{name: shape}`` of a MindIR's int8 weights (weight-only quantized projections)."""
-    model = mind_ir_pb2.ModelProto()
-    with open(path, "rb") as f:
-        model.ParseFromString(f.read())
-    return {p.name: list(p.dims) for p in model.graph.parameter if p.data_type == mind_ir_pb2.TensorProto.INT8}
+    return {p.name: list(p.dims) for p in _model(path).graph.parameter if p.data_type == mind_ir_pb2.TensorProto.INT8}
 
 
 def parameters(path):
@@ -66,9 +67,7 @@ def parameters(path):
     MindSpore gives them, e.g. ``<graph>:gate_up_proj.weight``), without loading it into MindSpore."""
     import numpy as np  # noqa: PLC0415
 
-    model = mind_ir_pb2.ModelProto()
-    with open(path, "rb") as f:
-        model.ParseFromString(f.read())
+    model = _model(path)
     kinds = {mind_ir_pb2.TensorProto.FLOAT: np.float32, mind_ir_pb2.TensorProto.FLOAT16: np.float16,
              mind_ir_pb2.TensorProto.BFLOAT16: np.uint16}
     out = {}

@@ -17,7 +17,7 @@ from ms_swiglu.backends.chips import BY_KEY as CHIPS, DEFAULT as DEFAULT_CHIP
 from ms_swiglu.checkpoint import dump_safetensors, read_config
 from ms_swiglu.checkpoint.hf import read_config_json
 from ms_swiglu.checkpoint.converted import (ConvertedFile, float32_kinds, is_converted, metadata, quantize_layer,
-                                            rank_paths, read_hf_layer, shard_layer, tensor_names)
+                                            rank_paths, read_hf_layer, shard_layer, tensor_name, tensor_names)
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
 from ms_swiglu.errors import ArgumentParser, InputError
 from ms_swiglu.outputs import OutputSet, check_writable
@@ -102,13 +102,10 @@ def cmd_convert(args):
             tensors, ckpt_dtype = read_hf_layer(config, args.checkpoint, layer)
             tensors = quantize_layer(tensors, args.quantize) if args.quantize else tensors
             dtype, names = dtype or ckpt_dtype, tensor_names(config, layer)
-
-            def name(kind):
-                return names[kind] if kind in names else names[kind.removesuffix("_scale")] + "_scale"
-
-            float32 |= {name(k) for k in float32_kinds(tensors)}
+            float32 |= {tensor_name(names, k) for k in float32_kinds(tensors)}
             for rank, rank_tensors in enumerate(ranks):
-                rank_tensors.update({name(k): a for k, a in shard_layer(tensors, args.tp_size, rank).items()})
+                shard = shard_layer(tensors, args.tp_size, rank)
+                rank_tensors.update({tensor_name(names, k): a for k, a in shard.items()})
             progress("convert", i + 1, len(layers), "layers")
         for rank, (path, tensors) in enumerate(zip(out.paths, ranks)):
             meta = metadata(config_json, dtype, args.quantize, args.tp_size, rank, layers, out.token)

@@ -55,14 +55,14 @@ class FFNBlock(nn.Cell):
             raise InputError(f"recompute: expected one of {', '.join(RECOMPUTE)}, got {recompute!r}")
         self.mlp = mlp or PackedSwiGLUMLP(hidden_size, intermediate_size, dtype=dtype, backend=backend)
         # the norm and the residual add on the MLP's backend (the unpacked baseline has none: then `backend`)
-        ops_backend = getattr(self.mlp, "backend", None) or backends.resolve(backend)
+        mlp_backend = getattr(self.mlp, "backend", None)
+        ops_backend = mlp_backend or backends.resolve(backend)
         self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype, backend=ops_backend)
         self.residual = ops_backend.add()
         self.recompute_mode = recompute
-        backend = getattr(self.mlp, "backend", None)  # the unpacked baseline recomputes nothing
-        if recompute != "none" and not (backend and backend.recomputable):
+        if recompute != "none" and not (mlp_backend and mlp_backend.recomputable):  # the baseline recomputes nothing
             able = ", ".join(name for name in backends.REGISTRY if backends.get(name).recomputable)
-            name = backend.name if backend else "none"
+            name = mlp_backend.name if mlp_backend else "none"
             raise InputError(f"recompute={recompute!r}: expected a backend MindSpore can recompute ({able}), got "
                              f"{name} (graph-mode recompute does not re-run aot Custom ops; the cpu backend never "
                              f"stores [T, 2I]: its backward recomputes the gate/up GEMM)")

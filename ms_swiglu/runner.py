@@ -119,8 +119,8 @@ def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repea
         layer) else "MLP"
     tp = f", tp {tp_size}" if tp_size > 1 else ""
     weights = f", weights {mlp.quant}" if mlp.quant else ""
-    print(f"device {device}{tp}, backend {mlp.backend.name}, dtype {str(ms_dtype).lower()}{weights}, {block} layer {layer} "
-          f"of {config.model_type}, input {list(x.shape)} -> output {list(y.shape)}, latency "
+    print(f"device {device}{tp}, backend {mlp.backend.name}, dtype {str(ms_dtype).lower()}{weights}, {block} "
+          f"layer {layer} of {config.model_type}, input {list(x.shape)} -> output {list(y.shape)}, latency "
           f"{statistics.median(times):.3f} ms (median of {repeat}, min {min(times):.3f})", flush=True)
     if output:
         save_npy(output, y, force)

@@ -21,6 +21,7 @@ import sys
 import numpy as np
 
 from ms_swiglu.config import preset as preset_shape, PRESETS
+from ms_swiglu.packing import dequantize_int8, quantize_int8
 from ms_swiglu.tools.probes import read_sum
 from ms_swiglu.tools.timing import watched, write_json
 
@@ -92,11 +93,10 @@ def _print_row(row):
 
 
 def _quantize(w, group=0):
-    """Dequantized int8 weights: per output row (group 0) or per group of ``group`` inputs of a row."""
-    g = w.reshape(w.shape[0], -1, group) if group else w[:, None, :]
-    scale = np.abs(g).max(-1, keepdims=True) / 127
-    scale[scale == 0] = 1
-    return (np.clip(np.rint(g / scale), -127, 127) * scale).reshape(w.shape)
+    """Dequantized int8 weights: per output row (group 0: the package's format, ``quantize_int8``) or, for
+    comparison, per group of ``group`` inputs of a row (the same rule on each group)."""
+    g = w.reshape(w.shape[0], -1, group) if group else w
+    return dequantize_int8(*quantize_int8(g)).reshape(w.shape).astype(np.float64)
 
 
 def _mlp(x, gate_up, down):

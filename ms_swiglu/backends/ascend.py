@@ -87,8 +87,9 @@ class GroupedExperts(nn.Cell):
     """The routed experts with MindSpore's MoE primitives for Atlas A2/A3 (mindformers' inference chain), not
     run on hardware here: MoeInitRoutingV2 (dropless: the T k rows grouped by expert, stably, and each expert's
     row count) -> GroupedMatmulV4 -> Swiglu -> GroupedMatmulV4 -> MoeTokenUnpermute (each token's k rows
-    weighted and summed). int8 experts: GroupedMatmulV4 with per-channel antiquant scales [E, out]. GroupedMatmulV4 computes x W_e with W_e [in, out] and has no transpose, so this
-    backend stores the stacked weights [E, H, 2I] and [E, I, H] (``experts_in_out``).
+    weighted and summed). int8 experts: GroupedMatmulV4 with per-channel antiquant scales [E, out].
+    GroupedMatmulV4 computes x W_e with W_e [in, out] and has no transpose, so this backend stores the stacked
+    weights [E, H, 2I] and [E, I, H] (``experts_in_out``).
 
     Shapes:
         x: [T, H]    ids: [T, k] int32    weights: [T, k] float32

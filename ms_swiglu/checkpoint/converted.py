@@ -61,6 +61,12 @@ def tensor_names(config, layer):
     return names
 
 
+def tensor_name(names, kind):
+    """The name of a layer's tensor of ``kind`` in a converted file (``names``: :func:`tensor_names`); a scale is
+    named after its weight (``{name}_scale``)."""
+    return names[kind] if kind in names else names[kind.removesuffix(SCALE)] + SCALE
+
+
 def read_hf_layer(config, folder, layer, tp_size=1, rank=0):
     """(``{kind: array}`` of one layer of a HuggingFace checkpoint, all ranks or rank ``rank``'s part; its dtype
     name)."""

@@ -50,12 +50,11 @@ class FusedLinear(nn.Cell):
 
     def __init__(self, dtype, swiglu, quant=None):
         super().__init__()
+        kernels.onednn()  # bind (and check) oneDNN now, not inside the first graph run
         name = "GateUpSwiglu" if swiglu else "Linear"
         if quant:
-            kernels.onednn()
             self.op = aot_op("Q" + name, (F, I8, F32))
             return
-        kernels.onednn()  # bind (and check) oneDNN now, not inside the first graph run
         f32 = mstype.float32
         mm, mm_ta, mm_tb = ops.MatMul(), ops.MatMul(transpose_a=True), ops.MatMul(transpose_b=True)
         swiglu_bwd = aot_op("SwigluBwd", (F, F))

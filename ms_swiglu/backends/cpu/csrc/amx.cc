@@ -39,8 +39,35 @@ struct alignas(64) Config {
   }
 };
 
+}  // namespace
+
+bool available() {
+  static const bool ok = request_tiles();
+  return ok;
+}
+
+bool takes(int64_t k, int64_t m) { return k > 0 && k % kK == 0 && m % 16 == 0; }
+
+int64_t vnni_elements(int64_t n, int64_t k) { return (n + kTok - 1) / kTok * kTok * k; }
+
+void to_vnni(const uint16_t *x, int64_t n, int64_t k, uint16_t *xv, int64_t p0, int64_t p1) {
+  const int64_t groups = (n + kTok - 1) / kTok;
+  for (int64_t g = 0; g < groups; ++g) {  // a pair of bf16 is one uint32: a [16 tokens, k/2] transpose
+    uint32_t *out = reinterpret_cast<uint32_t *>(xv + g * kTok * k);
+    for (int64_t t = 0; t < kTok; ++t) {
+      const int64_t tok = g * kTok + t;
+      const uint32_t *in = reinterpret_cast<const uint32_t *>(x + tok * k);
+      if (tok < n)
+        for (int64_t p = p0; p < p1; ++p) out[p * kTok + t] = in[p];
+      else
+        for (int64_t p = p0; p < p1; ++p) out[p * kTok + t] = 0;
+    }
+  }
+}
+
 #pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f")
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bf16")
+namespace {
 
 // c[t, j0 + r] (t < nt) from a 16 x 16 float32 tile stored as [r][t].
 inline void store_block(const float *tile, int64_t nt, float *c, int64_t ldc) {
@@ -71,7 +98,8 @@ void block1(const uint16_t *xv, int64_t nt, int64_t k, const uint16_t *w, float 
   }
   _tile_stored(0, t0, 64);
   _tile_stored(1, t1, 64);
-  for (int i = 0; i < 256; i += 16) _mm512_store_ps(t0 + i, _mm512_add_ps(_mm512_load_ps(t0 + i), _mm512_load_ps(t1 + i)));
+  for (int i = 0; i < 256; i += 16)
+    _mm512_store_ps(t0 + i, _mm512_add_ps(_mm512_load_ps(t0 + i), _mm512_load_ps(t1 + i)));
   store_block(t0, nt, c, ldc);
 }
 
@@ -119,38 +147,6 @@ void panel_groups(const uint16_t *a, int64_t steps, const uint16_t *xv, int64_t 
   if (g < groups) panel<RB, 1>(a, steps, xv + g * group, group, acc + g * 2 * 256, first);
 }
 
-#pragma GCC pop_options
-
-}  // namespace
-
-bool available() {
-  static const bool ok = request_tiles();
-  return ok;
-}
-
-bool takes(int64_t k, int64_t m) { return k > 0 && k % kK == 0 && m % 16 == 0; }
-
-int64_t vnni_elements(int64_t n, int64_t k) { return (n + kTok - 1) / kTok * kTok * k; }
-
-void to_vnni(const uint16_t *x, int64_t n, int64_t k, uint16_t *xv, int64_t p0, int64_t p1) {
-  const int64_t groups = (n + kTok - 1) / kTok;
-  for (int64_t g = 0; g < groups; ++g) {  // a pair of bf16 is one uint32: a [16 tokens, k/2] transpose
-    uint32_t *out = reinterpret_cast<uint32_t *>(xv + g * kTok * k);
-    for (int64_t t = 0; t < kTok; ++t) {
-      const int64_t tok = g * kTok + t;
-      const uint32_t *in = reinterpret_cast<const uint32_t *>(x + tok * k);
-      if (tok < n)
-        for (int64_t p = p0; p < p1; ++p) out[p * kTok + t] = in[p];
-      else
-        for (int64_t p = p0; p < p1; ++p) out[p * kTok + t] = 0;
-    }
-  }
-}
-
-#pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bf16")
-namespace {
-
 // One panel row's `steps` x 32 k of w into the packed panel (row stride kK): bfloat16 copied, int8 widened to
 // bfloat16 exactly (|q| <= 128 has 8 significant bits) as it is packed, so int8 weights cost no pass of their own.
 inline void pack_row(const uint16_t *w, int64_t steps, uint16_t *a) {
@@ -163,7 +159,8 @@ inline void pack_row(const int8_t *w, int64_t steps, uint16_t *a) {
     _mm_prefetch(reinterpret_cast<const char *>(w + (kPanelSteps + s) * kK), _MM_HINT_T0);
   for (int64_t s = 0; s < steps; ++s) {
     auto wide = [&](int64_t i) {  // 16 int8 -> float32
-      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(w + s * kK + i))));
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i *>(w + s * kK + i));
+      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
     };
     _mm512_store_si512(a + s * 1024, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(wide(16), wide(0))));
   }

@@ -23,10 +23,9 @@ namespace {
 // The tuning table, by dtype (float32, float16, bfloat16), measured with tools/bench_linear.py at llama-7b
 // shapes: the skinny kernel up to kSkinnyMax tokens, the swapped oneDNN path within kSwap, plain oneDNN above.
 constexpr int64_t kSkinnyMax[kDtypes] = {8, 12, 4};
-// int8 weights: the skinny kernel (which reads them in place, in registers) up to these, checked before the amx
-// path: bfloat16 at 3-4 tokens skinny 6.4-7.5 ms against amx 8.4-8.9 (llama-7b gate_up + down, interleaved), at 6
+// int8 weights take the skinny kernel (which widens them in registers) over its whole range, before the amx path:
+// bfloat16 at 3-4 tokens skinny 6.4-7.5 ms against amx 8.4-8.9 (llama-7b gate_up + down, interleaved), at 6
 // 9.6-10.0 against 8.9-9.3.
-constexpr int64_t kSkinnyMaxQ8[kDtypes] = {8, 12, 4};
 constexpr int64_t kSwap[kDtypes][2] = {{9, 192}, {1, 0}, {32, 192}};  // float16: swapping gained nothing measurable
 // The experts' GEMMs of a MoE block (one thread each when there are many, few rows each): the swapped path
 // from the skinny range on for bfloat16 (measured at 16 rows per expert on the Qwen3-30B-A3B shape: 121 ms
@@ -44,9 +43,6 @@ constexpr int64_t kBlockRows = 1024;
 constexpr int64_t kSkinnyRows = 64, kSkinnyCols = 32;
 // Rows per call of the amx path above 16 tokens, where it shares the tokens' tiles between panels (amx.cc).
 constexpr int64_t kAmxRows = 256;
-// int8 weights on the oneDNN paths are widened (exactly) to the activations' dtype, the whole block of rows at a
-// time (the widening is small beside the GEMM there, and oneDNN runs best on large blocks); the amx path widens
-// them as it packs its panels (amx.cc).
 // Elements below which a widening pass runs in the calling thread alone (waking the pool costs more).
 constexpr int64_t kSerialElements = 1 << 15;
 
@@ -106,7 +102,8 @@ void store_transposed(const Op &op, const float *ct, int64_t cols, void *y, int6
 }
 
 // c = (x w[r0 : r0 + rows]^T) [n, rows] into c (ldc), or swapped, c^T = w[r0 : r0 + rows] x^T [rows, n];
-// float32. int8 weights go in widened to dtype d, a block at a time.
+// float32. int8 weights go in widened (exactly) to dtype d, the whole block of rows at once: the widening is small
+// beside the GEMM there, and oneDNN runs best on large blocks (the amx path widens as it packs its panels).
 bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) {
   auto gemm = [&](const void *w_rows, int64_t m, float *cm) {
     return swap ? onednn::gemm(op.d, w_rows, m, op.d, op.x, op.n, op.k, kF32, cm, op.n)
@@ -144,7 +141,8 @@ bool run(const Linear &call, int64_t rows, const Body &body) {
   if (op.d != kF32 && (op.path == kSkinny || (op.path == kOnednn && op.d == kF16))) {
     xf.resize(op.n * op.k);
     parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) op.ik->to_float[op.d](static_cast<const char *>(op.x) + t * op.k * op.es(), xf.data() + t * op.k, op.k);
+      for (int64_t t = t0; t < t1; ++t)
+        op.ik->to_float[op.d](static_cast<const char *>(op.x) + t * op.k * op.es(), xf.data() + t * op.k, op.k);
     }, kSerialElements / std::max<int64_t>(op.k, 1));
   }
   op.xf = op.d == kF32 ? static_cast<const float *>(op.x) : xf.data();
@@ -157,7 +155,7 @@ Path path(int d, int64_t n, bool expert, bool q8) {
   const int forced = g_forced;
   const int64_t *swap = expert ? kSwapExpert[d] : kSwap[d];
   const Path p = forced >= 0 ? Path(forced)
-                 : q8 && n <= kSkinnyMaxQ8[d] ? kSkinny
+                 : q8 && n <= kSkinnyMax[d] ? kSkinny
                  : n >= kAmxTokens[d][0] && n <= kAmxTokens[d][1] && amx::available() ? kAmx
                  : n <= kSkinnyMax[d] ? kSkinny
                  : n >= swap[0] && n <= swap[1] ? kSwapped : kOnednn;
@@ -170,11 +168,9 @@ int force_path(int p) { return g_forced.exchange(p >= 0 && p < kPaths ? p : -1);
 std::string tuning_json() {
   std::string s = "{\"paths\": [";
   for (int p = 0; p < kPaths; ++p) s += std::string(p ? ", " : "") + "\"" + kPathNames[p] + "\"";
-  for (const auto &[key, most] : {std::pair{"skinny_max_tokens", kSkinnyMax}, {"skinny_max_tokens_int8", kSkinnyMaxQ8}}) {
-    s += std::string(key == std::string("skinny_max_tokens") ? "], \"" : "}, \"") + key + "\": {";
-    for (int d = 0; d < kDtypes; ++d)
-      s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + std::to_string(most[d]);
-  }
+  s += "], \"skinny_max_tokens\": {";
+  for (int d = 0; d < kDtypes; ++d)
+    s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + std::to_string(kSkinnyMax[d]);
   const std::pair<const char *, const int64_t(*)[2]> rows[] = {
       {"amx_tokens", kAmxTokens}, {"swapped_tokens", kSwap}, {"swapped_tokens_expert", kSwapExpert}};
   for (const auto &[key, swap] : rows) {

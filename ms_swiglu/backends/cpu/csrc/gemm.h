@@ -13,14 +13,15 @@ namespace msw {
 enum Path { kSkinny, kOnednn, kSwapped, kAmx, kPaths };
 extern const char *const kPathNames[kPaths];
 
-// the path n tokens of dtype d take (kSkinny when oneDNN cannot); q8: with int8 weights
+// the path n tokens of dtype d take (kSkinny when oneDNN cannot); q8: against int8 weights, which take the skinny
+// kernel over its whole range, before the amx path
 Path path(int d, int64_t n, bool expert = false, bool q8 = false);
 int force_path(int p);              // every call takes path p (-1: the automatic choice); returns the previous
 std::string tuning_json();          // the tuning table, for the Python side and the benchmarks
 
-// One call: x [n, k] and the weights in dtype d (or int8 with scales), on the path chosen for n; the output in dtype yd (d, or float32
-// for a caller that sums outputs further). `expert`: one expert's GEMM of a MoE block, which takes the experts'
-// row of the tuning table.
+// One call: x [n, k] and the weights in dtype d (or int8 with scales), on the path chosen for n; the output in
+// dtype yd (d, or float32 for a caller that sums outputs further). `expert`: one expert's GEMM of a MoE block,
+// which takes the experts' row of the tuning table.
 struct Linear {
   int d;
   const void *x;

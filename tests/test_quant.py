@@ -80,6 +80,7 @@ def test_int8_kernels_on_every_path_against_numpy(dtype):
 def _check_int8_kernels(dtype, k, m):
     rng = np.random.default_rng(k)
     q, s = quantize_int8(rng.standard_normal((m, k)) / np.sqrt(k))  # outputs O(1), as in a model
+    q[0], q[1, ::3] = -128, 127  # the int8 range's ends (quantize_int8 stops at -127; other tools' files may not)
     w64 = dequantize_int8(q, s).astype(np.float64)
     np_dtype = kernels.NP_DTYPES[dtype]
     for n in (1, 3, 9, 40, 300):

@@ -24,8 +24,8 @@ constexpr int64_t kPanelSteps = 12;
 // Weight rows per block: the panels that share one chunk of the tokens' B tiles while it is in L2.
 constexpr int64_t kBlockRows = 256;
 
-bool request_tiles() {
-  if (!__builtin_cpu_supports("amx-bf16")) return false;
+bool request_tiles() {  // (every CPU with AMX-BF16 has AVX512-FP16, which the int8 widening uses)
+  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("avx512fp16")) return false;
   constexpr long kReqPerm = 0x1023, kXtileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA (Linux >= 5.16)
   return syscall(SYS_arch_prctl, kReqPerm, kXtileData) == 0;
 }
@@ -66,13 +66,20 @@ void to_vnni(const uint16_t *x, int64_t n, int64_t k, uint16_t *xv, int64_t p0, 
 }
 
 #pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bf16")
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16,avx512fp16")
 namespace {
 
-// c[t, j0 + r] (t < nt) from a 16 x 16 float32 tile stored as [r][t].
-inline void store_block(const float *tile, int64_t nt, float *c, int64_t ldc) {
-  for (int64_t t = 0; t < nt; ++t)
-    for (int r = 0; r < 16; ++r) c[t * ldc + r] = tile[r * 16 + t];
+// int8 weights go onto the tiles as q + kQ8Offset, in [1, 256]: every such integer has at most 8 significant
+// bits, so it is exact in bfloat16, and the widening is one int16 -> float16 conversion and an exponent shift;
+// the sums drop kQ8Offset * sum_k x[t, k] when they leave the tiles (q8_sums).
+constexpr int kQ8Offset = 129;
+
+// c[t, j0 + r] (t < nt) from a 16 x 16 float32 tile stored as [r][t], less kQ8Offset * xsum[t] for int8 weights.
+inline void store_block(const float *tile, int64_t nt, float *c, int64_t ldc, const float *xsum) {
+  for (int64_t t = 0; t < nt; ++t) {
+    const float drop = xsum ? kQ8Offset * xsum[t] : 0.f;
+    for (int r = 0; r < 16; ++r) c[t * ldc + r] = tile[r * 16 + t] - drop;
+  }
 }
 
 // One 16-row block of w against one group of tokens: two accumulators over alternate k steps (the TDPBF16PS
@@ -100,7 +107,7 @@ void block1(const uint16_t *xv, int64_t nt, int64_t k, const uint16_t *w, float 
   _tile_stored(1, t1, 64);
   for (int i = 0; i < 256; i += 16)
     _mm512_store_ps(t0 + i, _mm512_add_ps(_mm512_load_ps(t0 + i), _mm512_load_ps(t1 + i)));
-  store_block(t0, nt, c, ldc);
+  store_block(t0, nt, c, ldc, nullptr);
 }
 
 // A panel of RB x 16 weight rows against TG groups of 16 tokens over `steps` k steps of 32: C tiles 0-3 (row
@@ -148,7 +155,7 @@ void panel_groups(const uint16_t *a, int64_t steps, const uint16_t *xv, int64_t 
 }
 
 // One panel row's `steps` x 32 k of w into the packed panel (row stride kK): bfloat16 copied, int8 widened to
-// bfloat16 exactly (|q| <= 128 has 8 significant bits) as it is packed, so int8 weights cost no pass of their own.
+// bfloat16 as it is packed (q + kQ8Offset, exactly), so int8 weights cost no pass of their own.
 inline void pack_row(const uint16_t *w, int64_t steps, uint16_t *a) {
   for (int64_t s = 0; s < steps; ++s) std::memcpy(a + s * 1024, w + s * kK, 64);
 }
@@ -157,12 +164,12 @@ inline void pack_row(const uint16_t *w, int64_t steps, uint16_t *a) {
 inline void pack_row(const int8_t *w, int64_t steps, uint16_t *a) {
   for (int64_t s = 0; s < steps; s += 2)
     _mm_prefetch(reinterpret_cast<const char *>(w + (kPanelSteps + s) * kK), _MM_HINT_T0);
-  for (int64_t s = 0; s < steps; ++s) {
-    auto wide = [&](int64_t i) {  // 16 int8 -> float32
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i *>(w + s * kK + i));
-      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
-    };
-    _mm512_store_si512(a + s * 1024, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(wide(16), wide(0))));
+  const __m512i offset = _mm512_set1_epi16(kQ8Offset), exponent = _mm512_set1_epi16((127 - 15) << 7);
+  for (int64_t s = 0; s < steps; ++s) {  // u = q + kQ8Offset -> float16 -> bfloat16: the exponent rebased
+    const __m512i u = _mm512_add_epi16(
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + s * kK))), offset);
+    const __m512i h = _mm512_castph_si512(_mm512_cvtepi16_ph(u));
+    _mm512_store_si512(a + s * 1024, _mm512_add_epi16(_mm512_srli_epi16(h, 3), exponent));
   }
 }
 
@@ -171,7 +178,8 @@ inline void pack_row(const int8_t *w, int64_t steps, uint16_t *a) {
 // tiles multiply this one (the packing, not the tiles, bounds this case; issued between the tile ops it overlaps
 // them). c[t * ldc + j] for t < nt.
 template <int RB>
-void one_group_q8(const uint16_t *xv, int64_t nt, int64_t k, const int8_t *w, float *c, int64_t ldc) {
+void one_group_q8(const uint16_t *xv, int64_t nt, int64_t k, const int8_t *w, float *c, int64_t ldc,
+                  const float *xsum) {
   constexpr int rows = 16 * RB;
   alignas(64) uint16_t a[2][kPanelSteps * 1024];
   const int64_t chunk = kPanelSteps * kK, chunks = (k + chunk - 1) / chunk;
@@ -200,11 +208,12 @@ void one_group_q8(const uint16_t *xv, int64_t nt, int64_t k, const int8_t *w, fl
   alignas(64) float t[2][256];
   _tile_stored(0, t[0], 64);
   if constexpr (RB == 2) _tile_stored(2, t[1], 64);
-  for (int r = 0; r < RB; ++r) store_block(t[r], nt, c + 16 * r, ldc);
+  for (int r = 0; r < RB; ++r) store_block(t[r], nt, c + 16 * r, ldc, xsum);
 }
 
 template <typename W>
-void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, float *c, int64_t ldc) {
+void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, float *c, int64_t ldc,
+             const float *xsum) {
   static const Config config;
   _tile_loadconfig(&config);
   const int64_t groups = (n + kTok - 1) / kTok;
@@ -213,8 +222,8 @@ void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, fl
       for (int64_t j = 0; j < m; j += 16) block1(xv, n, k, w + j * k, c + j, ldc);
     } else {
       int64_t j = 0;
-      for (; j + 32 <= m; j += 32) one_group_q8<2>(xv, n, k, w + j * k, c + j, ldc);
-      if (j < m) one_group_q8<1>(xv, n, k, w + j * k, c + j, ldc);
+      for (; j + 32 <= m; j += 32) one_group_q8<2>(xv, n, k, w + j * k, c + j, ldc, xsum);
+      if (j < m) one_group_q8<1>(xv, n, k, w + j * k, c + j, ldc, xsum);
     }
     _tile_release();
     return;
@@ -243,7 +252,8 @@ void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, fl
       for (int64_t g = 0; g < groups; ++g)
         for (int r = 0; r < (j + 32 <= j1 ? 2 : 1); ++r)
           store_block(acc.data() + (j - j0) / 32 * panel_floats + (g / 2 * 4 + r * 2 + g % 2) * 256,
-                      std::min(kTok, n - g * kTok), c + g * kTok * ldc + j + 16 * r, ldc);
+                      std::min(kTok, n - g * kTok), c + g * kTok * ldc + j + 16 * r, ldc,
+                      xsum ? xsum + g * kTok : nullptr);
   }
   _tile_release();
 }
@@ -251,10 +261,21 @@ void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, fl
 }  // namespace
 
 void rows(const uint16_t *xv, int64_t n, int64_t k, const uint16_t *w, int64_t m, float *c, int64_t ldc) {
-  rows_of(xv, n, k, w, m, c, ldc);
+  rows_of(xv, n, k, w, m, c, ldc, nullptr);
 }
-void rows(const uint16_t *xv, int64_t n, int64_t k, const int8_t *w, int64_t m, float *c, int64_t ldc) {
-  rows_of(xv, n, k, w, m, c, ldc);
+void rows(const uint16_t *xv, int64_t n, int64_t k, const int8_t *w, int64_t m, float *c, int64_t ldc,
+          const float *xsum) {
+  rows_of(xv, n, k, w, m, c, ldc, xsum);
+}
+
+void q8_sums(const uint16_t *x, int64_t n, int64_t k, float *xsum, int64_t t0, int64_t t1) {
+  const __m512bh ones = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));
+  for (int64_t t = t0; t < t1; ++t) {  // each pair of bfloat16 times (1, 1): exact products, float32 sums
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i += 32)
+      acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + t * k + i)), ones);
+    xsum[t] = _mm512_reduce_add_ps(acc);
+  }
 }
 #pragma GCC pop_options
 

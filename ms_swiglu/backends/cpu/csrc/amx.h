@@ -14,6 +14,10 @@ void to_vnni(const uint16_t *x, int64_t n, int64_t k, uint16_t *xv, int64_t p0, 
 // c[t * ldc + j] = sum_k x[t, k] w[j, k] for j < m, t < n: w [m, k] bfloat16 read in place, xv from to_vnni.
 void rows(const uint16_t *xv, int64_t n, int64_t k, const uint16_t *w, int64_t m, float *c, int64_t ldc);
 // The same with int8 weights [m, k], widened to bfloat16 exactly as they are packed; the sums are unscaled.
-void rows(const uint16_t *xv, int64_t n, int64_t k, const int8_t *w, int64_t m, float *c, int64_t ldc);
+// xsum[t] = sum_k x[t, k] from q8_sums.
+void rows(const uint16_t *xv, int64_t n, int64_t k, const int8_t *w, int64_t m, float *c, int64_t ldc,
+          const float *xsum);
+// xsum[t] for tokens [t0, t1) of x [n, k] bfloat16 (k % 32 == 0), which rows() with int8 weights needs.
+void q8_sums(const uint16_t *x, int64_t n, int64_t k, float *xsum, int64_t t0, int64_t t1);
 
 }  // namespace msw::amx

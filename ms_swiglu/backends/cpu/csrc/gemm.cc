@@ -54,6 +54,7 @@ struct Op {
   const void *x;
   const float *xf;  // the skinny kernel reads float32 x; oneDNN reads float16 x widened (see a())
   const uint16_t *xv;  // the amx path reads x as B tiles (amx::to_vnni)
+  const float *xsum;  // and, with int8 weights, each token's sum over k (amx::q8_sums)
   int64_t n, k;
   Path path;
   const IsaKernels *ik;
@@ -78,7 +79,7 @@ struct Op {
   void stream(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
     const void *w_rows = row(w, r0);
     if (path == kAmx && scale) {  // int8 on tiles: widened to bfloat16 as the panels are packed
-      amx::rows(xv, n, k, static_cast<const int8_t *>(w_rows), rows, c, ldc);
+      amx::rows(xv, n, k, static_cast<const int8_t *>(w_rows), rows, c, ldc, xsum);
     } else if (path == kAmx) {
       amx::rows(xv, n, k, static_cast<const uint16_t *>(w_rows), rows, c, ldc);
     } else if (scale) {
@@ -126,7 +127,7 @@ bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows
 // falls back to the skinny kernel where the tiles do not cover k or the `rows` it streams).
 template <typename Body>
 bool run(const Linear &call, int64_t rows, const Body &body) {
-  Op op{call.d, call.yd < 0 ? call.d : call.yd, call.x, nullptr, nullptr, call.n, call.k,
+  Op op{call.d, call.yd < 0 ? call.d : call.yd, call.x, nullptr, nullptr, nullptr, call.n, call.k,
         path(call.d, call.n, call.expert, call.scale != nullptr), &isa(), call.scale};
   if (op.path == kAmx && !amx::takes(op.k, rows)) op.path = kSkinny;
   std::vector<uint16_t> xv;
@@ -136,6 +137,14 @@ bool run(const Linear &call, int64_t rows, const Body &body) {
       amx::to_vnni(static_cast<const uint16_t *>(op.x), op.n, op.k, xv.data(), p0, p1);
     }, kSerialElements / std::max<int64_t>(op.n, 1));
     op.xv = xv.data();
+  }
+  std::vector<float> xsum;
+  if (op.path == kAmx && op.scale) {
+    xsum.resize(op.n);
+    parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
+      amx::q8_sums(static_cast<const uint16_t *>(op.x), op.n, op.k, xsum.data(), t0, t1);
+    }, kSerialElements / std::max<int64_t>(op.k, 1));
+    op.xsum = xsum.data();
   }
   std::vector<float> xf;
   if (op.d != kF32 && (op.path == kSkinny || (op.path == kOnednn && op.d == kF16))) {

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 CLI = [os.path.join(os.path.dirname(sys.executable), "ms-swiglu")]
 
 
@@ -36,6 +38,7 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
         for where in ("variants", "in_model"):
             for key, e in cell[where].items():
                 assert e["median_s"] > 0 and e["gflops"] > 0 and e["activation_bytes"] > 0
+                assert e["order_effect"] > -1  # reversed / forward rounds' median - 1
                 assert ("peak_added_bytes" in e) == (key.endswith("/O0") and where == "variants")
                 assert ("per_block_ms" in e) == (where == "in_model")
                 assert ("weight_gbps" in e) == (cell["tokens"] == 1)
@@ -48,7 +51,7 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
     assert fused < base
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "GEMM ceiling" in r.stdout and "bench [" in r.stderr and "in the same rounds" in r.stdout
-    assert "disturbance" in r.stdout and "in model" in r.stdout
+    assert "disturbance" in r.stdout and "in model" in r.stdout and r.stdout.count("order effect") == 4
 
 
 def test_disturbance_is_the_cpu_time_of_other_processes_and_steal():
@@ -81,6 +84,32 @@ def test_a_busy_neighbour_flags_the_rounds_and_they_are_retried():
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_interleave_alternates_the_order_and_reports_its_effect(monkeypatch):
+    """Odd rounds run in reverse, so every variant follows both neighbours; a time that depends on its
+    predecessor shows as order_effect (a fake clock: each call advances it by a planted duration)."""
+    from ms_swiglu.tools import timing
+
+    now, ran = [0.0], []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+
+    def call(name, seconds):
+        def run():
+            # "b" pays 5 ms more when it runs right after "a" (caches, spinning threads...)
+            now[0] += seconds(ran[-1] if ran else None)
+            ran.append(name)
+        return run
+
+    variants = {"a": call("a", lambda prev: 0.010), "b": call("b", lambda prev: 0.025 if prev == "a" else 0.020),
+                "c": call("c", lambda prev: 0.030)}
+    stats = timing.interleave(variants, rounds=4, warmup=0)
+    assert ran == list("abc" "cba" "abc" "cba")
+    # b follows a in forward rounds (25 ms) and c in reversed ones (20 ms)
+    assert stats["b"]["order_effect"] == pytest.approx(0.020 / 0.025 - 1)
+    assert stats["a"]["order_effect"] == pytest.approx(0, abs=1e-9) == stats["c"]["order_effect"]
+    assert stats["b"]["min_s"] == pytest.approx(0.020) and stats["b"]["median_s"] == pytest.approx(0.0225)
+    assert timing.interleave({"a": variants["a"]}, rounds=1, warmup=0)["a"]["order_effect"] == 0
 
 
 def test_bandwidth_probes_compute_what_they_read():

@@ -23,6 +23,9 @@ HuggingFace's LlamaMLP in PyTorch, served by tools/torch_peer.py in its own proc
 Several --dtype values are interleaved in one loop too, so that float16/bfloat16 are compared with float32 as
 ratios (`vs f32`).
 
+Odd rounds run the variants in reverse order; each cell states the largest change of a variant's median between
+forward and reversed rounds (`order effect`), so a time that depends on what ran before it shows.
+
 Per cell: median, min and spread (p90-p10 over median) of the latency; GFLOP/s (6*N*H*I per call); for N=1 the
 GB/s of weight bytes read; the fraction of the GEMM ceiling (N >= 16) or of the read bandwidth (N=1); with
 --memory, the peak resident memory the call adds (each variant in its own process) and the activation bytes.
@@ -370,6 +373,8 @@ def _print_cell(cell):
         print(f"  {key:<28} {e['median_s'] * 1e3:10.2f} {e['min_s'] * 1e3:9.2f} {e['spread']:7.2f} "
               f"{e['gflops']:8.1f} {vs} {vf} {e['fraction_of_ceiling']:8.0%} {e['fraction_of_peak']:8.1%} "
               f"{e['activation_bytes'] / 2**20:8.1f} {peak}", flush=True)
+    key, e = max(rows, key=lambda row: abs(row[1]["order_effect"]))
+    print(f"  order effect: reversed / forward rounds' median at most {e['order_effect']:+.1%} ({key})")
 
 
 def plot(data, path, force=False):

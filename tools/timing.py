@@ -64,22 +64,28 @@ def watched(variants, rounds, pids=(), retries=2, warmup=3):
 
 
 def interleave(variants, rounds, warmup=3):
-    """``{name: {"min_s", "median_s", "spread"}}`` for ``{name: callable}``; spread = (p90 - p10) / median."""
+    """``{name: {"min_s", "median_s", "spread", "order_effect"}}`` for ``{name: callable}``; spread = (p90 - p10)
+    / median. Odd rounds run the variants in reverse, so each one follows both of its neighbours: order_effect =
+    median over reversed rounds / median over forward rounds - 1 says whether a time depends on what ran before
+    it (0 with fewer than two rounds)."""
     for call in variants.values():  # compile and warm up
         for _ in range(warmup):
             call()
-    times = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, call in variants.items():
+    names = list(variants)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
             t0 = time.perf_counter()
-            call()
+            variants[name]()
             times[name].append(time.perf_counter() - t0)
     stats = {}
     for name, ts in times.items():
+        fwd, rev = ts[0::2], ts[1::2]
         ts = sorted(ts)
         med = statistics.median(ts)
         stats[name] = {"min_s": ts[0], "median_s": med,
-                       "spread": (ts[int(0.9 * (len(ts) - 1))] - ts[int(0.1 * (len(ts) - 1))]) / med}
+                       "spread": (ts[int(0.9 * (len(ts) - 1))] - ts[int(0.1 * (len(ts) - 1))]) / med,
+                       "order_effect": statistics.median(rev) / statistics.median(fwd) - 1 if rev else 0.0}
     return stats
 
 

@@ -29,7 +29,7 @@ kernels = Extension(
 )
 # The benchmarks' bandwidth probes (not part of the kernels).
 probes = Extension("ms_swiglu.tools._probes", sources=["tools/csrc/probes.cc"], language="c++",
-                   extra_compile_args=FLAGS + ["-fopenmp"], extra_link_args=["-fopenmp"])
+                   extra_compile_args=FLAGS + ["-pthread"], extra_link_args=["-pthread"])
 
 setup(
     name="ms_swiglu",

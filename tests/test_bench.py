@@ -127,6 +127,21 @@ def test_bandwidth_probes_compute_what_they_read():
     np.testing.assert_array_equal(c, a + b)
 
 
+def test_bandwidth_and_peak_probes_leave_no_thread_behind():
+    # a probe's threads that outlive it (OpenMP's spinning workers) slowed whatever was timed right after it
+    import numpy as np
+
+    from ms_swiglu.tools.probes import add, peaks, read_sum
+
+    threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+    x = np.ones(1 << 20, np.float32)
+    before = threads()
+    assert read_sum(x) == x.size
+    add(x, x, np.empty_like(x))
+    assert peaks(seconds=0.001)["fma_float32"] > 0
+    assert threads() == before
+
+
 def test_bench_linear_times_every_path(tmp_path):
     from ms_swiglu.tools import bench_linear
 

@@ -10,7 +10,7 @@ Variants (same seeded weights; each also with jit_level O1 when asked):
 Ceilings, measured in the same run: the GEMM ceiling (MindSpore MatMul [N,H]x[H,2I] and NumPy's matmul of the
 same size, interleaved with the variants; the faster one), the read bandwidth (a sum over 1 GiB) and the
 2-read-1-write bandwidth (an add of two 256 MiB arrays), each by NumPy in 1 and 2 threads and by the package's
-OpenMP probes in the .so (NumPy's reductions hold the GIL, so its 2-thread read is no faster), the best kept,
+threaded probes in the .so (NumPy's reductions hold the GIL, so its 2-thread read is no faster), the best kept,
 at the start. At N=1 the .so's read probe also joins the interleaved rounds, and the decode fraction is taken
 against it (median against median).
 
@@ -258,8 +258,8 @@ def run(args):
     ms.set_context(mode=ms.GRAPH_MODE)
     read_bw, rw_bw = bandwidth()
     peaks = probe_peaks()
-    print(f"ceilings: read {read_bw:.1f} GB/s, 2-read-1-write {rw_bw:.1f} GB/s (best of NumPy and OpenMP probes); "
-          f"peaks: FMA float32 {peaks['fma_float32']:.0f} GFLOP/s, AMX bfloat16 "
+    print(f"ceilings: read {read_bw:.1f} GB/s, 2-read-1-write {rw_bw:.1f} GB/s (best of NumPy and the threaded "
+          f"probes); peaks: FMA float32 {peaks['fma_float32']:.0f} GFLOP/s, AMX bfloat16 "
           f"{peaks['amx_bfloat16'] or 0:.0f} GFLOP/s (in-register loops)")
     results, total, done = [], len(args.preset) * len(args.tokens), 0
     kinds = ("mlp", "model") if args.model_blocks else ("mlp",)

@@ -51,9 +51,10 @@ def test_onednn_is_bound():
 @pytest.mark.parametrize("dtype", list(kernels.NP_DTYPES))
 @pytest.mark.parametrize("swiglu", [False, True], ids=["linear", "gate_up_swiglu"])
 def test_skinny_tiles_and_tails(dtype, swiglu, skinny_only):
-    # tokens 1..13 cover every register tile (6 tokens) and remainder; k covers vector tails; m covers row tails
+    # tokens 1..13 cover every register tile (6 tokens) and remainder; k covers vector tails; m covers row tails,
+    # and 600 several blocks of rows, each read by one token as strided streams with a remainder
     for n in (1, 2, 3, 5, 6, 7, 13):
-        for k, m in ((1, 2), (15, 6), (17, 10), (37, 130), (64, 4)):
+        for k, m in ((1, 2), (15, 6), (17, 10), (37, 130), (64, 4), (33, 600)):
             _check_kernel(n, k, m, dtype, swiglu, seed=n * k + m)
 
 

@@ -80,7 +80,7 @@ void for_tiles(int64_t rows, int64_t inter, const Body &body) {
 // Weight rows the skinny kernel reads at once (one register tile, one read stream each): more streams per thread
 // for decode, where the weight read is the whole cost.
 struct SkinnyTiles {
-  int rows_16bit_1;  // float16/bfloat16 weights, 1 token (float16 read measured +10% over 8 rows)
+  int rows_16bit_1;  // float16/bfloat16/int8 weights, 1 token (float16 read measured +10% over 8 rows)
   int rows_1_2;      // 1-2 tokens (the read probe's best: 8 streams per thread)
   int rows;          // otherwise
 };

@@ -39,8 +39,9 @@ constexpr int64_t kAmxTokens[kDtypes][2] = {{1, 0}, {1, 0}, {3, 512}};
 // Weight rows per oneDNN call when its output goes through a float32 block first (the SwiGLU epilogue, and
 // the swapped path's transpose).
 constexpr int64_t kBlockRows = 1024;
-// Rows of the skinny kernel's output block per thread step (linear, gate_up_swiglu).
-constexpr int64_t kSkinnyRows = 64, kSkinnyCols = 32;
+// Rows of the skinny kernel's output block per thread step (linear, gate_up_swiglu): long enough for its decode
+// read streams (isa_linear.inc) to run through several rows each (64 and 32 ran 1.06-1.1x slower at one token).
+constexpr int64_t kSkinnyRows = 256, kSkinnyCols = 128;
 // Rows per call of the amx path above 16 tokens, where it shares the tokens' tiles between panels (amx.cc).
 constexpr int64_t kAmxRows = 256;
 // Elements below which a widening pass runs in the calling thread alone (waking the pool costs more).

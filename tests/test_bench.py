@@ -91,8 +91,9 @@ def test_interleave_alternates_the_order_and_reports_its_effect(monkeypatch):
     predecessor shows as order_effect (a fake clock: each call advances it by a planted duration)."""
     from ms_swiglu.tools import timing
 
-    now, ran = [0.0], []
+    now, ran, pauses = [0.0], [], []
     monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(timing.time, "sleep", pauses.append)  # the pause before each call: not timed
 
     def call(name, seconds):
         def run():
@@ -104,12 +105,13 @@ def test_interleave_alternates_the_order_and_reports_its_effect(monkeypatch):
     variants = {"a": call("a", lambda prev: 0.010), "b": call("b", lambda prev: 0.025 if prev == "a" else 0.020),
                 "c": call("c", lambda prev: 0.030)}
     stats = timing.interleave(variants, rounds=4, warmup=0)
-    assert ran == list("abc" "cba" "abc" "cba")
+    assert ran == list("abc" "cba" "abc" "cba") and pauses == [timing.SETTLE_S] * 12
     # b follows a in forward rounds (25 ms) and c in reversed ones (20 ms)
     assert stats["b"]["order_effect"] == pytest.approx(0.020 / 0.025 - 1)
     assert stats["a"]["order_effect"] == pytest.approx(0, abs=1e-9) == stats["c"]["order_effect"]
     assert stats["b"]["min_s"] == pytest.approx(0.020) and stats["b"]["median_s"] == pytest.approx(0.0225)
-    assert timing.interleave({"a": variants["a"]}, rounds=1, warmup=0)["a"]["order_effect"] == 0
+    assert timing.interleave({"a": variants["a"]}, rounds=1, warmup=0, settle=0)["a"]["order_effect"] == 0
+    assert len(pauses) == 12
 
 
 def test_bandwidth_probes_compute_what_they_read():

@@ -42,8 +42,15 @@ class CPUClock:
 # the benchmarks report differ by 5-15%, so a cell above 5% cannot carry them.
 DISTURBED = 0.05
 
+# Seconds between the end of one timed call and the start of the next. Libraries' worker threads keep spinning
+# after a call and take the cores from whatever runs next: PyTorch's OpenMP threads for ~20 ms (the cpu MLP at
+# N=16, bfloat16: 13.1-19.1 ms right after a torch call, 8.8-9.2 ms 20 ms later or after itself), NumPy's OpenBLAS
+# threads for 2^28 cycles (the read probe right after NumPy's matmul: 46-51 ms, 32.7 ms 0.12 s later, 24.5 ms
+# 0.3 s later).
+SETTLE_S = 0.2
 
-def watched(variants, rounds, pids=(), retries=2, warmup=3):
+
+def watched(variants, rounds, pids=(), retries=2, warmup=3, settle=SETTLE_S):
     """:func:`interleave` with the disturbance of its rounds measured (:class:`CPUClock`); a flagged run is
     repeated up to ``retries`` times and the least disturbed kept. Returns (stats, disturbance), the latter
     with the number of attempts made and whether the kept one is still flagged."""
@@ -53,7 +60,7 @@ def watched(variants, rounds, pids=(), retries=2, warmup=3):
             for _ in range(warmup):
                 call()
         before = clock.read()
-        stats = interleave(variants, rounds, warmup=0)
+        stats = interleave(variants, rounds, warmup=0, settle=settle)
         dist = clock.disturbance(before, clock.read())
         if best is None or dist["fraction"] < best[1]["fraction"]:
             best = (stats, dist)
@@ -63,11 +70,12 @@ def watched(variants, rounds, pids=(), retries=2, warmup=3):
     return best
 
 
-def interleave(variants, rounds, warmup=3):
+
+def interleave(variants, rounds, warmup=3, settle=SETTLE_S):
     """``{name: {"min_s", "median_s", "spread", "order_effect"}}`` for ``{name: callable}``; spread = (p90 - p10)
-    / median. Odd rounds run the variants in reverse, so each one follows both of its neighbours: order_effect =
-    median over reversed rounds / median over forward rounds - 1 says whether a time depends on what ran before
-    it (0 with fewer than two rounds)."""
+    / median. Each timed call starts ``settle`` seconds after the previous one. Odd rounds run the variants in
+    reverse, so each one follows both of its neighbours: order_effect = median over reversed rounds / median over
+    forward rounds - 1 says whether a time still depends on what ran before it (0 with fewer than two rounds)."""
     for call in variants.values():  # compile and warm up
         for _ in range(warmup):
             call()
@@ -75,6 +83,8 @@ def interleave(variants, rounds, warmup=3):
     times = {name: [] for name in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
+            if settle:
+                time.sleep(settle)
             t0 = time.perf_counter()
             variants[name]()
             times[name].append(time.perf_counter() - t0)

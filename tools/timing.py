@@ -46,7 +46,8 @@ DISTURBED = 0.05
 # after a call and take the cores from whatever runs next: PyTorch's OpenMP threads for ~20 ms (the cpu MLP at
 # N=16, bfloat16: 13.1-19.1 ms right after a torch call, 8.8-9.2 ms 20 ms later or after itself), NumPy's OpenBLAS
 # threads for 2^28 cycles (the read probe right after NumPy's matmul: 46-51 ms, 32.7 ms 0.12 s later, 24.5 ms
-# 0.3 s later).
+# 0.3 s later). The pause costs every call alike (the cpu MLP at N=16, bfloat16, 12 interleaved rounds: 10.7 ms
+# back to back, 10.9 after 20 ms, 11.8 after 0.2 s), so the ratios compare like with like.
 SETTLE_S = 0.2
 
 

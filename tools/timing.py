@@ -51,7 +51,7 @@ DISTURBED = 0.05
 SETTLE_S = 0.2
 
 
-def watched(variants, rounds, pids=(), retries=2, warmup=3, settle=SETTLE_S):
+def watched(variants, rounds, pids=(), retries=2, warmup=3):
     """:func:`interleave` with the disturbance of its rounds measured (:class:`CPUClock`); a flagged run is
     repeated up to ``retries`` times and the least disturbed kept. Returns (stats, disturbance), the latter
     with the number of attempts made and whether the kept one is still flagged."""
@@ -61,7 +61,7 @@ def watched(variants, rounds, pids=(), retries=2, warmup=3, settle=SETTLE_S):
             for _ in range(warmup):
                 call()
         before = clock.read()
-        stats = interleave(variants, rounds, warmup=0, settle=settle)
+        stats = interleave(variants, rounds, warmup=0)
         dist = clock.disturbance(before, clock.read())
         if best is None or dist["fraction"] < best[1]["fraction"]:
             best = (stats, dist)
@@ -69,7 +69,6 @@ def watched(variants, rounds, pids=(), retries=2, warmup=3, settle=SETTLE_S):
             break
     best[1].update(attempts=attempt + 1, flagged=best[1]["fraction"] > DISTURBED)
     return best
-
 
 
 def interleave(variants, rounds, warmup=3, settle=SETTLE_S):

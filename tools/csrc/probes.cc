@@ -61,11 +61,11 @@ __attribute__((target("avx512f"))) double read_avx512(const float *x, int64_t pe
 __attribute__((target("avx2"))) double read_avx2(const float *x, int64_t per) { return read_streams<v8>(x, per); }
 double read_generic(const float *x, int64_t per) { return read_streams<v4>(x, per); }
 
-// Sum of x by a parallel streaming read, `part` on each thread.
-double read_sum(double (*part)(const float *, int64_t), int width, const float *x, int64_t n) {
-  constexpr int kStreams = 8;
+// Sum of x by a parallel streaming read, `part` on each thread (each stream a multiple of the widest vector).
+double read_sum(double (*part)(const float *, int64_t), const float *x, int64_t n) {
+  constexpr int kStreams = 8, kWidest = 16;
   const int nt = cpus();
-  const int64_t per = n / nt / kStreams / width * width;
+  const int64_t per = n / nt / kStreams / kWidest * kWidest;
   std::vector<double> parts(nt, 0.0);
   on_threads(nt, [&](int id) { parts[id] = part(x + id * per * kStreams, per); });
   double total = 0.0;
@@ -131,9 +131,9 @@ double probe_read(const char *isa, const float *x, int64_t n) {
   __builtin_cpu_init();
   const std::string name(isa);
   const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
-  if (name == "avx512" || (name == "best" && avx512)) return avx512 ? read_sum(read_avx512, 16, x, n) : -1.0;
-  if (name == "avx2" || (name == "best" && avx2)) return avx2 ? read_sum(read_avx2, 8, x, n) : -1.0;
-  if (name == "generic" || name == "best") return read_sum(read_generic, 4, x, n);
+  if (name == "avx512" || (name == "best" && avx512)) return avx512 ? read_sum(read_avx512, x, n) : -1.0;
+  if (name == "avx2" || (name == "best" && avx2)) return avx2 ? read_sum(read_avx2, x, n) : -1.0;
+  if (name == "generic" || name == "best") return read_sum(read_generic, x, n);
   return -1.0;
 }
 

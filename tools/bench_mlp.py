@@ -23,6 +23,11 @@ HuggingFace's LlamaMLP in PyTorch, served by tools/torch_peer.py in its own proc
 Several --dtype values are interleaved in one loop too, so that float16/bfloat16 are compared with float32 as
 ratios (`vs f32`).
 
+Disturbance, per token count: the CPU time other processes and the hypervisor took during the rounds, and the
+fraction of calls that ran in a slow phase of the host, which /proc does not show (a short AMX and read probe
+before every call; tools/timing.py). A token count above either threshold is re-run (--retries) and, if it stays
+above, flagged DISTURBED.
+
 Odd rounds run the variants in reverse order; each cell states the largest change of a variant's median between
 forward and reversed rounds (`order effect`), so a time that depends on what ran before it shows.
 
@@ -47,8 +52,9 @@ from ms_swiglu.outputs import OutputSet, check_writable
 from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import progress
 from ms_swiglu.runner import check_fits
-from ms_swiglu.tools.probes import add, peaks, read_sum
-from ms_swiglu.tools.timing import DISTURBED, interleave, probe_process, proc_status, reset_peak_memory, watched, write_json
+from ms_swiglu.tools.probes import add, host_probes, peaks, read_sum
+from ms_swiglu.tools.timing import (DISTURBED, SLOW_CALLS, HostSpeed, interleave, probe_process, proc_status,
+                                    reset_peak_memory, watched, write_json)
 
 SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -261,7 +267,7 @@ def run(args):
     print(f"ceilings: read {read_bw:.1f} GB/s, 2-read-1-write {rw_bw:.1f} GB/s (best of NumPy and the threaded "
           f"probes); peaks: FMA float32 {peaks['fma_float32']:.0f} GFLOP/s, AMX bfloat16 "
           f"{peaks['amx_bfloat16'] or 0:.0f} GFLOP/s (in-register loops)")
-    results, total, done = [], len(args.preset) * len(args.tokens), 0
+    results, total, done, host = [], len(args.preset) * len(args.tokens), 0, HostSpeed(host_probes())
     kinds = ("mlp", "model") if args.model_blocks else ("mlp",)
     for preset in args.preset:
         hidden, inter = PRESETS[preset]
@@ -283,7 +289,7 @@ def run(args):
                     calls[("peer-torch", "eager", d, "model")] = peer.model
             named = {"/".join(key): call for key, call in calls.items()}
             stats, disturbance = watched({**named, **ceiling(n)}, args.rounds,
-                                         pids=[p.proc.pid for p in peers.values()], retries=args.retries)
+                                         pids=[p.proc.pid for p in peers.values()], retries=args.retries, host=host)
             for dtype in args.dtype:
                 cell = _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, list(calls))
                 results.append(cell)
@@ -293,7 +299,7 @@ def run(args):
         for peer in peers.values():
             peer.close()
     return {"read_gbps": read_bw, "rw_gbps": rw_bw, "peaks_gflops": peaks, "disturbed_above": DISTURBED,
-            "results": results}
+            "slow_calls_above": SLOW_CALLS, "host_probe_best": host.best, "results": results}
 
 
 def _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, keys):
@@ -344,8 +350,7 @@ def _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, key
 
 
 def probe_peaks():
-    """The machine's FMA / AMX peaks (tools/probes.py), measured in a fresh process: the AMX permission and the
-    probe's threads stay out of this one."""
+    """The machine's FMA / AMX peaks (tools/probes.py), measured in a fresh process."""
     import json  # noqa: PLC0415
 
     return json.loads(probe_process("ms_swiglu.tools.bench_mlp", ["peaks"], "compute peak probe", timeout=300))
@@ -356,12 +361,12 @@ def _print_cell(cell):
     read = cell["read_gbps_in_rounds"]
     read = f"; read {read['median']:.1f} GB/s (best {read['best']:.1f}) in the same rounds" if read else ""
     dist = cell["disturbance"]
-    flag = "  DISTURBED: the ratios below are not reliable" if dist["flagged"] else ""
+    flag = "\n  DISTURBED: the ratios below are not reliable" if dist["flagged"] else ""
     gemms = ", ".join(f"{k} {v:.0f}" for k, v in ceil.items())
     print(f"\n{cell['preset']} {cell['dtype']} N={cell['tokens']}: GEMM ceiling {gemms} GFLOP/s, peak "
           f"{cell['peak_gflops']:.0f}{read}\n  disturbance {dist['fraction']:.1%} of the CPU time (other processes "
-          f"{dist['other_cpu_s']:.2f} s, steal {dist['steal_s']:.2f} s over {dist['wall_s']:.1f} s; attempt "
-          f"{dist['attempts']}){flag}")
+          f"{dist['other_cpu_s']:.2f} s, steal {dist['steal_s']:.2f} s over {dist['wall_s']:.1f} s), "
+          f"{dist['slow_calls']:.0%} of the calls in a slow phase of the host; attempt {dist['attempts']}{flag}")
     print(f"  {'variant':<28} {'median ms':>10} {'min ms':>9} {'spread':>7} {'GFLOP/s':>8} {'vs base':>8} "
           f"{'vs f32':>7} {'of ceil':>8} {'of peak':>8} {'act MB':>8} {'peak MB':>8}")
     rows = [(k, e) for k, e in cell["variants"].items()]
@@ -438,7 +443,8 @@ def main(argv=None):
     parser.add_argument("--model-blocks", type=int, default=0,
                         help="also time each variant in a model: this many FFN blocks (RMSNorm -> MLP -> residual)")
     parser.add_argument("--retries", type=int, default=2,
-                        help=f"re-run a token count this often while other processes take > {DISTURBED * 100:.0f}%% of the CPU")
+                        help=f"re-run a token count this often while other processes take > {DISTURBED * 100:.0f}%% of the CPU "
+                             f"or > {SLOW_CALLS * 100:.0f}%% of its calls run in a slow phase of the host")
     parser.add_argument("--peer-python", help="an interpreter with torch: adds HF LlamaMLP in PyTorch as a peer")
     parser.add_argument("--memory", action="store_true", help="peak memory per variant, each in its own process")
     parser.add_argument("--json")

@@ -5,9 +5,10 @@
 
 Speed: per token count, a chain of ``--layers`` packed MLPs with distinct weights (larger than the L3 together:
 every layer's weights come from memory, as in a model), bfloat16 weights against their int8 quantization, the
-activations bfloat16 in both; interleaved rounds with the disturbance accounting of ``tools/timing.py``. At N=1
-the 1 GiB read probe runs in the same rounds, and each variant's bytes per call (weights, and the int8 scales)
-over its median time is given as a fraction of the probe's median read bandwidth.
+activations bfloat16 in both; interleaved rounds with the disturbance accounting of ``tools/timing.py`` (other
+processes, steal, and the host's slow phases). At N=1 the 1 GiB read probe runs in the same rounds, and each
+variant's bytes per call (weights, and the int8 scales) over its median time is given as a fraction of the
+probe's median read bandwidth.
 
 Accuracy (``--accuracy``, NumPy, float64): the MLP at the preset's shape with random weights (std 0.02) with
 outlier rows (1% of rows x20) or outlier input columns (1% of columns x20), int8 per output row (the package's
@@ -22,8 +23,8 @@ import numpy as np
 
 from ms_swiglu.config import preset as preset_shape, PRESETS
 from ms_swiglu.packing import dequantize_int8, quantize_int8
-from ms_swiglu.tools.probes import read_sum
-from ms_swiglu.tools.timing import watched, write_json
+from ms_swiglu.tools.probes import host_probes, read_sum
+from ms_swiglu.tools.timing import HostSpeed, watched, write_json
 
 READ_PROBE_FLOATS = 2**28  # 1 GiB
 
@@ -57,13 +58,13 @@ def speed(hidden, inter, tokens, layers, rounds):
     nets = {"bfloat16": _chain(hidden, inter, layers, None), "int8": _chain(hidden, inter, layers, "int8")}
     nbytes = {name: _bytes(net) for name, net in nets.items()}
     big = np.ones(READ_PROBE_FLOATS, np.float32)
-    rows = []
+    rows, host = [], HostSpeed(host_probes())
     for n in tokens:
         x = ms.Tensor(np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)).astype(ms.bfloat16)
         variants = {name: (lambda net=net: net(x).asnumpy()) for name, net in nets.items()}
         if n == 1:
             variants["read probe"] = lambda: read_sum(big)
-        stats, dist = watched(variants, rounds)
+        stats, dist = watched(variants, rounds, host=host)
         row = {"tokens": n, "disturbance": dist}
         for name in nets:
             s = stats[name]
@@ -89,7 +90,7 @@ def _print_row(row):
     print(f"N={n:4d}  bf16 {b['median_ms']:8.2f} ms (min {b['min_ms']:.2f})  int8 {q['median_ms']:8.2f} ms "
           f"(min {q['min_ms']:.2f})  int8 speedup {row['int8/bf16 speedup']['median']:.2f}x "
           f"(min {row['int8/bf16 speedup']['min']:.2f}x){frac}; disturbance "
-          f"{row['disturbance']['fraction']:.1%}{flag}", flush=True)
+          f"{row['disturbance']['fraction']:.1%}, slow host {row['disturbance']['slow_calls']:.0%}{flag}", flush=True)
 
 
 def _quantize(w, group=0):

@@ -4,6 +4,7 @@ import ctypes
 import functools
 import glob
 import os
+import time
 
 
 @functools.cache
@@ -49,3 +50,22 @@ def peaks(threads=None, seconds=0.2):
         best = max(fn(threads, iterations) for _ in range(3))
         out[key] = best / 1e9 if best > 0 else None
     return out
+
+
+def host_probes(read_floats=2**26, amx_iterations=100_000):
+    """Short probes of the host's speed for ``timing.HostSpeed`` ({name: callable returning a rate}): the streaming
+    read of ``read_floats`` float32 (256 MiB: larger than the L3; ~6 ms here) in bytes/s and, where the CPU gives
+    AMX, the AMX loop in FLOP/s (100000 iterations per thread: ~5 ms)."""
+    import numpy as np  # noqa: PLC0415
+
+    big, threads = np.ones(read_floats, np.float32), len(os.sched_getaffinity(0))
+
+    def read():
+        t0 = time.perf_counter()
+        read_sum(big)
+        return big.nbytes / (time.perf_counter() - t0)
+
+    probes = {"read": read}
+    if _lib().probe_amx_peak(threads, 100) > 0:
+        probes["amx"] = lambda: _lib().probe_amx_peak(threads, amx_iterations)
+    return probes

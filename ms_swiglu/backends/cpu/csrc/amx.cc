@@ -232,7 +232,7 @@ void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, fl
   // chunk stay in L2 while every 32-row panel of the block passes over them (packed, in L1) with every pair of
   // token groups. The accumulators wait in acc between chunks.
   const int64_t pairs = (groups + 1) / 2, panel_floats = pairs * 4 * 256;  // [pair][row block][group][16 x 16]
-  std::vector<float> acc((std::min(kBlockRows, m) + 31) / 32 * panel_floats);
+  TileVector<float> acc((std::min(kBlockRows, m) + 31) / 32 * panel_floats);
   alignas(64) uint16_t a[kPanelSteps * 1024];
   for (int64_t j0 = 0; j0 < m; j0 += kBlockRows) {
     const int64_t j1 = std::min(m, j0 + kBlockRows);

@@ -1,9 +1,29 @@
 // The AMX bfloat16 path: the weight-streaming GEMM on tiles (amx.cc).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
+#include <vector>
 
 namespace msw::amx {
+
+// Storage that tiles load from and store to, on 64-byte boundaries: tile rows that straddle two cache lines
+// (std::vector's heap blocks sit 16 bytes past one) slowed the panel loop (one thread, a quiet window): its
+// B tiles from L2 678 against 1071 GFLOP/s aligned, over L1-resident operands 833 against 2208.
+template <typename T>
+struct TileAllocator {
+  using value_type = T;
+  TileAllocator() = default;
+  template <typename U>
+  TileAllocator(const TileAllocator<U> &) {}
+  T *allocate(std::size_t n) { return static_cast<T *>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T *p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
+  bool operator==(const TileAllocator &) const { return true; }
+  bool operator!=(const TileAllocator &) const { return false; }
+};
+template <typename T>
+using TileVector = std::vector<T, TileAllocator<T>>;
 
 bool available();                        // the CPU has AMX-BF16 and Linux gave this process the tile data
 bool takes(int64_t k, int64_t m);        // shapes the tiles cover: k % 32 == 0, m % 16 == 0

@@ -131,7 +131,7 @@ bool run(const Linear &call, int64_t rows, const Body &body) {
   Op op{call.d, call.yd < 0 ? call.d : call.yd, call.x, nullptr, nullptr, nullptr, call.n, call.k,
         path(call.d, call.n, call.expert, call.scale != nullptr), &isa(), call.scale};
   if (op.path == kAmx && !amx::takes(op.k, rows)) op.path = kSkinny;
-  std::vector<uint16_t> xv;
+  amx::TileVector<uint16_t> xv;
   if (op.path == kAmx) {
     xv.resize(amx::vnni_elements(op.n, op.k));
     parallel_ranges(op.k / 2, [&](int64_t p0, int64_t p1) {

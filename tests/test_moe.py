@@ -181,6 +181,28 @@ def test_grouped_kernels_compute_t_times_k_rows_grouped_by_expert(dtype):
         kernels.run("MoeGateUpSwiglu", x, ids + experts, w1, np.zeros((tokens * k, inter), np_dtype), dtype=dtype)
 
 
+@pytest.mark.parametrize("path", ["onednn", "onednn-swapped"])
+def test_experts_on_onednn_in_parallel_threads(path):
+    """The experts' GEMMs run in the pool's threads at once, each on oneDNN with primitives that another thread
+    created: every call right (oneDNN's own per-thread scratchpad gave 137 of 200 wrong here before the kernels
+    gave each call the caller's)."""
+    rng = np.random.default_rng(0)
+    tokens, k, experts, hidden, inter = 64, 2, 8, 256, 192  # 16 rows per expert: every expert in its own thread
+    x, x64 = to_tensor(rng.standard_normal((tokens, hidden)), "bfloat16")
+    w, w64 = to_tensor(rng.standard_normal((experts, 2 * inter, hidden)) / 16, "bfloat16")
+    ids = np.stack([rng.permutation(experts)[:k] for _ in range(tokens)]).astype(np.int32)
+    order = np.argsort(ids.ravel(), kind="stable")
+    g = np.einsum("ph,pih->pi", x64[order // k], w64[ids.ravel()[order]])
+    want = rnd(silu(g[:, :inter]) * g[:, inter:], "bfloat16")
+    xb, wb = x.asnumpy().view(np.uint16), w.asnumpy().view(np.uint16)
+    with kernels.forced_path(path):
+        assert kernels.path("bfloat16", 16) == path  # oneDNN runs bfloat16 here
+        for _ in range(40):
+            h = kernels.run("MoeGateUpSwiglu", xb, ids, wb, np.zeros((tokens * k, inter), np.uint16), dtype="bfloat16")
+            got = (np.asarray(h, np.uint32) << 16).view(np.float32).astype(np.float64)
+            np.testing.assert_allclose(got, want, atol=TOL["bfloat16"][0], rtol=TOL["bfloat16"][1])
+
+
 def test_one_launch_per_grouped_gemm_and_one_compile_for_every_token_count():
     """The router's logits are one Linear; the experts are two calls, whatever T."""
     ms.set_context(mode=ms.GRAPH_MODE)

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "common.h"
 #include "pool.h"
@@ -53,7 +54,13 @@ struct Api {
   decltype(&dnnl_threadpool_interop_stream_create) stream_create;
   decltype(&dnnl_memory_desc_create_with_strides) md_create;
   decltype(&dnnl_memory_desc_destroy) md_destroy;
+  decltype(&dnnl_memory_desc_clone) md_clone;
+  decltype(&dnnl_memory_desc_get_size) md_size;
+  decltype(&dnnl_primitive_attr_create) attr_create;
+  decltype(&dnnl_primitive_attr_destroy) attr_destroy;
+  decltype(&dnnl_primitive_attr_set_scratchpad_mode) attr_scratchpad_mode;
   decltype(&dnnl_matmul_primitive_desc_create) matmul_pd_create;
+  decltype(&dnnl_primitive_desc_query_md) pd_query_md;
   decltype(&dnnl_primitive_desc_destroy) pd_destroy;
   decltype(&dnnl_primitive_create) primitive_create;
   decltype(&dnnl_primitive_destroy) primitive_destroy;
@@ -114,8 +121,13 @@ std::string try_bind(const char *path) {
   const bool ok = sym(h, a.engine_create, "dnnl_engine_create") &&
                   sym(h, a.stream_create, "dnnl_threadpool_interop_stream_create") &&
                   sym(h, a.md_create, "dnnl_memory_desc_create_with_strides") &&
-                  sym(h, a.md_destroy, "dnnl_memory_desc_destroy") &&
+                  sym(h, a.md_destroy, "dnnl_memory_desc_destroy") && sym(h, a.md_clone, "dnnl_memory_desc_clone") &&
+                  sym(h, a.md_size, "dnnl_memory_desc_get_size") &&
+                  sym(h, a.attr_create, "dnnl_primitive_attr_create") &&
+                  sym(h, a.attr_destroy, "dnnl_primitive_attr_destroy") &&
+                  sym(h, a.attr_scratchpad_mode, "dnnl_primitive_attr_set_scratchpad_mode") &&
                   sym(h, a.matmul_pd_create, "dnnl_matmul_primitive_desc_create") &&
+                  sym(h, a.pd_query_md, "dnnl_primitive_desc_query_md") &&
                   sym(h, a.pd_destroy, "dnnl_primitive_desc_destroy") &&
                   sym(h, a.primitive_create, "dnnl_primitive_create") &&
                   sym(h, a.primitive_destroy, "dnnl_primitive_destroy") &&
@@ -149,11 +161,16 @@ const Api *api() {
 constexpr dnnl_data_type_t kType[kDtypes] = {dnnl_f32, dnnl_f16, dnnl_bf16};
 
 // One matmul primitive per shape, kept per (dtypes, na, nb, k, ldc); the cache is dropped when it holds
-// kMaxMatmuls (dynamic token counts); calls still running keep theirs alive.
+// kMaxMatmuls (dynamic token counts); calls still running keep theirs alive. A primitive runs in whichever thread
+// calls (MindSpore's actor threads, the pool's threads for a MoE block's experts), concurrently with itself and
+// with others, so its scratchpad is the caller's (dnnl_scratchpad_mode_user): with oneDNN's own (library mode) a
+// primitive may run only in the thread that created it (oneDNN's documentation of dnnl_scratchpad_mode_t), and a
+// MoE block's bfloat16 experts run from the pool's threads came out wrong in 137 of 200 calls (errors 5-11).
 struct Matmul {
   const Api *api;
   dnnl_primitive_t primitive = nullptr;
-  dnnl_memory_desc_t md[3] = {};  // src, weights, dst
+  dnnl_memory_desc_t md[4] = {};  // src, weights, dst, scratchpad
+  size_t scratch = 0;             // the scratchpad's bytes
   ~Matmul() {
     if (primitive) api->primitive_destroy(primitive);
     for (dnnl_memory_desc_t m : md)
@@ -173,12 +190,18 @@ std::shared_ptr<Matmul> matmul(const Api &a, int a_d, int b_d, int c_d, int64_t 
   const int types[3] = {a_d, b_d, c_d};
   auto mm = std::make_shared<Matmul>();
   mm->api = &a;
+  dnnl_primitive_attr_t attr = nullptr;
   dnnl_primitive_desc_t pd = nullptr;
-  bool ok = true;
+  bool ok = a.attr_create(&attr) == dnnl_success &&
+            a.attr_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
   for (int i = 0; i < 3; ++i) ok = ok && a.md_create(&mm->md[i], 2, dims[i], kType[types[i]], strides[i]) == dnnl_success;
-  ok = ok && a.matmul_pd_create(&pd, a.engine, mm->md[0], mm->md[1], nullptr, mm->md[2], nullptr) == dnnl_success;
+  ok = ok && a.matmul_pd_create(&pd, a.engine, mm->md[0], mm->md[1], nullptr, mm->md[2], attr) == dnnl_success;
+  const_dnnl_memory_desc_t scratch = ok ? a.pd_query_md(pd, dnnl_query_scratchpad_md, 0) : nullptr;
+  ok = ok && (!scratch || a.md_clone(&mm->md[3], scratch) == dnnl_success);
+  mm->scratch = mm->md[3] ? a.md_size(mm->md[3]) : 0;
   ok = ok && a.primitive_create(&mm->primitive, pd) == dnnl_success;
   if (pd) a.pd_destroy(pd);
+  if (attr) a.attr_destroy(attr);
   if (!ok) return nullptr;  // e.g. no float16 matmul on this CPU
   if (g_matmuls.size() >= kMaxMatmuls) g_matmuls.clear();
   return g_matmuls[key] = mm;
@@ -197,13 +220,19 @@ bool gemm(int a_d, const void *a, int64_t na, int b_d, const void *b, int64_t nb
   thread_local dnnl_stream_t stream = nullptr;
   if (!stream && ap->stream_create(&stream, ap->engine, const_cast<Threads *>(&ap->pool)) != dnnl_success)
     return false;
-  dnnl_memory_t mem[3] = {};
-  const void *data[3] = {a, b, c};
+  thread_local std::vector<char> scratch;  // the calling thread's scratchpad, grown once (64 bytes of slack to align)
+  if (scratch.size() < mm->scratch + 64) scratch.resize(mm->scratch + 64);
+  void *scratch_at = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
+  const int args_n = mm->scratch ? 4 : 3;
+  dnnl_memory_t mem[4] = {};
+  const void *data[4] = {a, b, c, scratch_at};
   bool ok = true;
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < args_n; ++i)
     ok = ok && ap->memory_create(&mem[i], mm->md[i], ap->engine, const_cast<void *>(data[i])) == dnnl_success;
-  const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}};
-  ok = ok && ap->execute(mm->primitive, stream, 3, args) == dnnl_success && ap->stream_wait(stream) == dnnl_success;
+  const dnnl_exec_arg_t args[4] = {
+      {DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}, {DNNL_ARG_SCRATCHPAD, mem[3]}};
+  ok = ok && ap->execute(mm->primitive, stream, args_n, args) == dnnl_success &&
+       ap->stream_wait(stream) == dnnl_success;
   for (dnnl_memory_t m : mem)
     if (m) ap->memory_destroy(m);
   return ok;

@@ -49,6 +49,10 @@ constexpr int64_t kSerialElements = 1 << 15;
 
 std::atomic<int> g_forced{-1};
 
+// The dtype oneDNN reads x in: float16 goes in widened (float32 x float16 weights ran 1.05-1.4x faster than
+// float16 x float16 here at 64-128 tokens; every product is exact either way)
+int a_dtype(int d) { return d == kF16 ? kF32 : d; }
+
 // A call on its path: x as float32 (x itself for float32) where the path reads float32.
 struct Op {
   int d, yd;  // the dtype of x and w, of y
@@ -60,9 +64,7 @@ struct Op {
   Path path;
   const IsaKernels *ik;
   const float *scale;  // int8 weights: per-row scales; nullptr: weights in dtype d
-  // x as oneDNN's source operand: float16 goes in widened (float32 x float16 weights ran 1.05-1.4x faster than
-  // float16 x float16 here at 64-128 tokens; every product is exact either way)
-  int a_d() const { return d == kF16 ? kF32 : d; }
+  int a_d() const { return a_dtype(d); }  // x as oneDNN's source operand
   const void *a() const { return d == kF16 ? static_cast<const void *>(xf) : x; }
   size_t es() const { return dtype_size(d); }
   size_t yes() const { return dtype_size(yd); }
@@ -104,14 +106,17 @@ void store_transposed(const Op &op, const float *ct, int64_t cols, void *y, int6
 }
 
 // c = (x w[r0 : r0 + rows]^T) [n, rows] into c (ldc), or swapped, c^T = w[r0 : r0 + rows] x^T [rows, n];
-// float32. int8 weights go in widened (exactly) to dtype d, the whole block of rows at once: the widening is small
-// beside the GEMM there, and oneDNN runs best on large blocks (the amx path widens as it packs its panels).
+// float32. int8 weights: not swapped, through oneDNN's weight decompression where it has it (path() keeps them
+// off the swapped path then); else widened (exactly) to dtype d, the whole block of rows at once, for oneDNN.
 bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) {
   auto gemm = [&](const void *w_rows, int64_t m, float *cm) {
     return swap ? onednn::gemm(op.d, w_rows, m, op.d, op.x, op.n, op.k, kF32, cm, op.n)
                 : onednn::gemm(op.a_d(), op.a(), op.n, op.d, w_rows, m, op.k, kF32, cm, ldc);
   };
   if (!op.scale) return gemm(op.row(w, r0), rows, c);
+  if (!swap && onednn::takes_q8(op.a_d()))
+    return onednn::gemm_q8(op.a_d(), op.a(), op.n, reinterpret_cast<const int8_t *>(op.row(w, r0)), op.scale + r0,
+                           rows, op.k, kF32, c, ldc);
   thread_local std::vector<char> wide;  // grown once per calling thread (no page faults per call)
   wide.resize(std::max(wide.size(), size_t(rows * op.k * op.es())));
   char *buf = wide.data();  // (the pool's threads have their own `wide`)
@@ -170,7 +175,13 @@ Path path(int d, int64_t n, bool expert, bool q8) {
                  : n <= kSkinnyMax[d] ? kSkinny
                  : n >= swap[0] && n <= swap[1] ? kSwapped : kOnednn;
   if (p == kAmx) return d == kBF16 && amx::available() ? kAmx : kSkinny;
-  return p == kSkinny || onednn::takes(d) ? p : kSkinny;
+  if (p == kSkinny || !onednn::takes(d)) return kSkinny;
+  // int8 weights: oneDNN's weight decompression, which takes them as the weights operand only, instead of the
+  // int8 rows widened for oneDNN first (llama-7b gate_up, 16 / 128 / 512 tokens, AMD EPYC, 2 threads: float32
+  // 22.3 / 111 / 431 ms against 34.5 / 148 / 568 swapped and widened; bfloat16 1.15x / 1.07x / 1.01x faster
+  // than its bfloat16 weights in bench_quant, against 0.89x / 0.90x / 0.93x widened)
+  if (q8 && (p == kOnednn || forced < 0) && onednn::takes_q8(a_dtype(d))) return kOnednn;
+  return p;
 }
 
 int force_path(int p) { return g_forced.exchange(p >= 0 && p < kPaths ? p : -1); }
@@ -191,6 +202,9 @@ std::string tuning_json() {
                                     : "null";
     }
   }
+  s += "}, \"onednn_int8_weights\": {";  // oneDNN's weight decompression, by the dtype of x
+  for (int d = 0; d < kDtypes; ++d)
+    s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + (onednn::takes_q8(a_dtype(d)) ? "true" : "false");
   s += std::string("}, \"amx_available\": ") + (amx::available() ? "true" : "false");
   s += ", \"block_rows\": " + std::to_string(kBlockRows);
   s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(kSkinnyTiles.rows_16bit_1) +
@@ -202,6 +216,9 @@ std::string tuning_json() {
 bool linear(const Linear &call, const void *w, int64_t m, void *y) {
   return run(call, m, [&](const Op &op) {
     if (op.path == kOnednn && !op.scale) return onednn::gemm(op.a_d(), op.a(), op.n, op.d, w, m, op.k, op.yd, y, m);
+    if (op.path == kOnednn && onednn::takes_q8(op.a_d()) &&  // (else through a float32 block: y's dtype)
+        onednn::gemm_q8(op.a_d(), op.a(), op.n, static_cast<const int8_t *>(w), op.scale, m, op.k, op.yd, y, m))
+      return true;
     if (op.path == kSwapped || op.path == kOnednn) {  // (plain with int8 weights: scaled in a float32 block)
       const bool swap = op.path == kSwapped;
       const int64_t b = std::min(kBlockRows, m);

@@ -59,6 +59,8 @@ struct Api {
   decltype(&dnnl_primitive_attr_create) attr_create;
   decltype(&dnnl_primitive_attr_destroy) attr_destroy;
   decltype(&dnnl_primitive_attr_set_scratchpad_mode) attr_scratchpad_mode;
+  decltype(&dnnl_primitive_attr_set_fpmath_mode_v2) attr_fpmath_mode;
+  decltype(&dnnl_primitive_attr_set_scales_mask) attr_scales_mask;
   decltype(&dnnl_matmul_primitive_desc_create) matmul_pd_create;
   decltype(&dnnl_primitive_desc_query_md) pd_query_md;
   decltype(&dnnl_primitive_desc_destroy) pd_destroy;
@@ -126,6 +128,8 @@ std::string try_bind(const char *path) {
                   sym(h, a.attr_create, "dnnl_primitive_attr_create") &&
                   sym(h, a.attr_destroy, "dnnl_primitive_attr_destroy") &&
                   sym(h, a.attr_scratchpad_mode, "dnnl_primitive_attr_set_scratchpad_mode") &&
+                  sym(h, a.attr_fpmath_mode, "dnnl_primitive_attr_set_fpmath_mode_v2") &&
+                  sym(h, a.attr_scales_mask, "dnnl_primitive_attr_set_scales_mask") &&
                   sym(h, a.matmul_pd_create, "dnnl_matmul_primitive_desc_create") &&
                   sym(h, a.pd_query_md, "dnnl_primitive_desc_query_md") &&
                   sym(h, a.pd_destroy, "dnnl_primitive_desc_destroy") &&
@@ -159,6 +163,9 @@ const Api *api() {
 }
 
 constexpr dnnl_data_type_t kType[kDtypes] = {dnnl_f32, dnnl_f16, dnnl_bf16};
+// The math of a matmul with int8 weights, by the dtype of a: the int8 rows widened to it (exactly), float32 sums.
+constexpr dnnl_fpmath_mode_t kQ8Math[kDtypes] = {dnnl_fpmath_mode_strict, dnnl_fpmath_mode_f16, dnnl_fpmath_mode_bf16};
+constexpr int kQ8 = -1;  // b_d of a matmul with int8 weights and per-row float32 scales
 
 // One matmul primitive per shape, kept per (dtypes, na, nb, k, ldc); the cache is dropped when it holds
 // kMaxMatmuls (dynamic token counts); calls still running keep theirs alive. A primitive runs in whichever thread
@@ -169,7 +176,7 @@ constexpr dnnl_data_type_t kType[kDtypes] = {dnnl_f32, dnnl_f16, dnnl_bf16};
 struct Matmul {
   const Api *api;
   dnnl_primitive_t primitive = nullptr;
-  dnnl_memory_desc_t md[4] = {};  // src, weights, dst, scratchpad
+  dnnl_memory_desc_t md[5] = {};  // src, weights, dst, scratchpad, the weights' scales (int8 weights)
   size_t scratch = 0;             // the scratchpad's bytes
   ~Matmul() {
     if (primitive) api->primitive_destroy(primitive);
@@ -180,6 +187,8 @@ struct Matmul {
 constexpr size_t kMaxMatmuls = 256;
 std::map<std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t>, std::shared_ptr<Matmul>> g_matmuls;
 
+// a_d, b_d, c_d: dtypes (b_d kQ8: int8 weights with scales)
+
 std::shared_ptr<Matmul> matmul(const Api &a, int a_d, int b_d, int c_d, int64_t na, int64_t nb, int64_t k,
                                int64_t ldc) {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -187,14 +196,20 @@ std::shared_ptr<Matmul> matmul(const Api &a, int a_d, int b_d, int c_d, int64_t 
   auto it = g_matmuls.find(key);
   if (it != g_matmuls.end()) return it->second;
   const dnnl_dims_t dims[3] = {{na, k}, {k, nb}, {na, nb}}, strides[3] = {{k, 1}, {1, k}, {ldc, 1}};
-  const int types[3] = {a_d, b_d, c_d};
+  const dnnl_data_type_t types[3] = {kType[a_d], b_d == kQ8 ? dnnl_s8 : kType[b_d], kType[c_d]};
   auto mm = std::make_shared<Matmul>();
   mm->api = &a;
   dnnl_primitive_attr_t attr = nullptr;
   dnnl_primitive_desc_t pd = nullptr;
   bool ok = a.attr_create(&attr) == dnnl_success &&
             a.attr_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
-  for (int i = 0; i < 3; ++i) ok = ok && a.md_create(&mm->md[i], 2, dims[i], kType[types[i]], strides[i]) == dnnl_success;
+  if (b_d == kQ8) {  // one scale per column of the weights [k, nb] (mask: dimension 1)
+    const dnnl_dims_t scale_dims = {nb}, scale_strides = {1};
+    ok = ok && a.attr_fpmath_mode(attr, kQ8Math[a_d], 1) == dnnl_success &&
+         a.attr_scales_mask(attr, DNNL_ARG_WEIGHTS, 1 << 1) == dnnl_success &&
+         a.md_create(&mm->md[4], 1, scale_dims, dnnl_f32, scale_strides) == dnnl_success;
+  }
+  for (int i = 0; i < 3; ++i) ok = ok && a.md_create(&mm->md[i], 2, dims[i], types[i], strides[i]) == dnnl_success;
   ok = ok && a.matmul_pd_create(&pd, a.engine, mm->md[0], mm->md[1], nullptr, mm->md[2], attr) == dnnl_success;
   const_dnnl_memory_desc_t scratch = ok ? a.pd_query_md(pd, dnnl_query_scratchpad_md, 0) : nullptr;
   ok = ok && (!scratch || a.md_clone(&mm->md[3], scratch) == dnnl_success);
@@ -211,8 +226,9 @@ std::shared_ptr<Matmul> matmul(const Api &a, int a_d, int b_d, int c_d, int64_t 
 
 bool available() { return api() != nullptr; }
 
-bool gemm(int a_d, const void *a, int64_t na, int b_d, const void *b, int64_t nb, int64_t k, int c_d, void *c,
-          int64_t ldc) {
+namespace {
+bool execute(int a_d, const void *a, int64_t na, int b_d, const void *b, const float *b_scale, int64_t nb, int64_t k,
+             int c_d, void *c, int64_t ldc) {
   const Api *ap = api();
   if (!ap) return false;
   const std::shared_ptr<Matmul> mm = matmul(*ap, a_d, b_d, c_d, na, nb, k, ldc);
@@ -223,19 +239,34 @@ bool gemm(int a_d, const void *a, int64_t na, int b_d, const void *b, int64_t nb
   thread_local std::vector<char> scratch;  // the calling thread's scratchpad, grown once (64 bytes of slack to align)
   if (scratch.size() < mm->scratch + 64) scratch.resize(mm->scratch + 64);
   void *scratch_at = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
-  const int args_n = mm->scratch ? 4 : 3;
-  dnnl_memory_t mem[4] = {};
-  const void *data[4] = {a, b, c, scratch_at};
+  const int keys[5] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD,
+                       DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS};
+  const void *data[5] = {a, b, c, scratch_at, b_scale};
+  dnnl_memory_t mem[5] = {};
+  dnnl_exec_arg_t args[5];
+  int n = 0;
   bool ok = true;
-  for (int i = 0; i < args_n; ++i)
+  for (int i = 0; i < 5; ++i) {
+    if (i == 3 && !mm->scratch) continue;
+    if (i == 4 && !mm->md[4]) continue;
     ok = ok && ap->memory_create(&mem[i], mm->md[i], ap->engine, const_cast<void *>(data[i])) == dnnl_success;
-  const dnnl_exec_arg_t args[4] = {
-      {DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}, {DNNL_ARG_SCRATCHPAD, mem[3]}};
-  ok = ok && ap->execute(mm->primitive, stream, args_n, args) == dnnl_success &&
-       ap->stream_wait(stream) == dnnl_success;
+    args[n++] = {keys[i], mem[i]};
+  }
+  ok = ok && ap->execute(mm->primitive, stream, n, args) == dnnl_success && ap->stream_wait(stream) == dnnl_success;
   for (dnnl_memory_t m : mem)
     if (m) ap->memory_destroy(m);
   return ok;
+}
+}  // namespace
+
+bool gemm(int a_d, const void *a, int64_t na, int b_d, const void *b, int64_t nb, int64_t k, int c_d, void *c,
+          int64_t ldc) {
+  return execute(a_d, a, na, b_d, b, nullptr, nb, k, c_d, c, ldc);
+}
+
+bool gemm_q8(int a_d, const void *a, int64_t na, const int8_t *b, const float *b_scale, int64_t nb, int64_t k,
+             int c_d, void *c, int64_t ldc) {
+  return execute(a_d, a, na, kQ8, b, b_scale, nb, k, c_d, c, ldc);
 }
 
 bool takes(int d) {
@@ -245,6 +276,14 @@ bool takes(int d) {
   if (known[d] < 0)
     known[d] = matmul(*ap, d == kF16 ? kF32 : d, d, d, 2, 16, 16, 16) && matmul(*ap, d, d, kF32, 16, 2, 16, 2);
   return known[d] == 1;
+}
+
+bool takes_q8(int a_d) {
+  static std::atomic<int> known[kDtypes] = {-1, -1, -1};
+  const Api *ap = api();
+  if (!ap) return false;
+  if (known[a_d] < 0) known[a_d] = matmul(*ap, a_d, kQ8, kF32, 2, 16, 16, 16) != nullptr;
+  return known[a_d] == 1;
 }
 
 }  // namespace msw::onednn

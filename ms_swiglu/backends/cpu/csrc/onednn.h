@@ -16,7 +16,14 @@ bool available();
 bool gemm(int a_d, const void *a, int64_t na, int b_d, const void *b, int64_t nb, int64_t k, int c_d, void *c,
           int64_t ldc);
 
+// The same with int8 weights and per-row scales, b[j] = b_scale[j] * q[j]: oneDNN's weight decompression (the
+// int8 rows widened inside its GEMM, exactly; computed in a's dtype, float32 sums). False when this oneDNN or
+// CPU has no such matmul for a_d.
+bool gemm_q8(int a_d, const void *a, int64_t na, const int8_t *b, const float *b_scale, int64_t nb, int64_t k,
+             int c_d, void *c, int64_t ldc);
+
 // Whether oneDNN runs dtype d on this CPU, both ways round: x (float32 for float16) by w, and swapped.
 bool takes(int d);
+bool takes_q8(int a_d);  // whether gemm_q8 runs a in dtype a_d
 
 }  // namespace msw::onednn

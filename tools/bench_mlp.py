@@ -52,7 +52,7 @@ from ms_swiglu.outputs import OutputSet, check_writable
 from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import progress
 from ms_swiglu.runner import check_fits
-from ms_swiglu.tools.probes import add, host_probes, peaks, read_sum
+from ms_swiglu.tools.probes import add, host_probes, machine_line, peaks, read_sum
 from ms_swiglu.tools.timing import (DISTURBED, SLOW_CALLS, HostSpeed, interleave, probe_process, proc_status,
                                     reset_peak_memory, watched, write_json)
 
@@ -252,9 +252,11 @@ class TorchPeer:
 
 
 def peak_for(dtype, peaks):
-    """The compute peak a dtype's GEMM can reach here: AMX for bfloat16 (where the CPU has it), else the float32
-    FMA peak (float16 runs as float32 FMAs over widened weights)."""
-    return peaks["amx_bfloat16"] if dtype == "bfloat16" and peaks["amx_bfloat16"] else peaks["fma_float32"]
+    """The compute peak a dtype's GEMM can reach here: for bfloat16 AMX, else AVX512-BF16 dot products, where the
+    CPU has them; else (and for float16, which runs as float32 FMAs over widened weights) the float32 FMA peak."""
+    if dtype == "bfloat16":
+        return peaks["amx_bfloat16"] or peaks["avx512_bfloat16"] or peaks["fma_float32"]
+    return peaks["fma_float32"]
 
 
 def run(args):
@@ -262,11 +264,12 @@ def run(args):
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
+    print(machine_line())
     read_bw, rw_bw = bandwidth()
     peaks = probe_peaks()
     print(f"ceilings: read {read_bw:.1f} GB/s, 2-read-1-write {rw_bw:.1f} GB/s (best of NumPy and the threaded "
-          f"probes); peaks: FMA float32 {peaks['fma_float32']:.0f} GFLOP/s, AMX bfloat16 "
-          f"{peaks['amx_bfloat16'] or 0:.0f} GFLOP/s (in-register loops)")
+          f"probes); peaks (in-register loops, GFLOP/s, 0: not on this CPU): FMA float32 {peaks['fma_float32']:.0f}, "
+          f"AVX512-BF16 {peaks['avx512_bfloat16'] or 0:.0f}, AMX bfloat16 {peaks['amx_bfloat16'] or 0:.0f}")
     results, total, done, host = [], len(args.preset) * len(args.tokens), 0, HostSpeed(host_probes())
     kinds = ("mlp", "model") if args.model_blocks else ("mlp",)
     for preset in args.preset:

@@ -23,7 +23,7 @@ import numpy as np
 
 from ms_swiglu.config import preset as preset_shape, PRESETS
 from ms_swiglu.packing import dequantize_int8, quantize_int8
-from ms_swiglu.tools.probes import host_probes, read_sum
+from ms_swiglu.tools.probes import host_probes, machine_line, read_sum
 from ms_swiglu.tools.timing import HostSpeed, watched, write_json
 
 READ_PROBE_FLOATS = 2**28  # 1 GiB
@@ -55,6 +55,7 @@ def speed(hidden, inter, tokens, layers, rounds):
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
+    print(machine_line())
     nets = {"bfloat16": _chain(hidden, inter, layers, None), "int8": _chain(hidden, inter, layers, "int8")}
     nbytes = {name: _bytes(net) for name, net in nets.items()}
     big = np.ones(READ_PROBE_FLOATS, np.float32)

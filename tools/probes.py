@@ -18,7 +18,7 @@ def _lib():
     lib.probe_read.restype = ctypes.c_double
     lib.probe_read.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64]
     lib.probe_add.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    for name in ("probe_fma_peak", "probe_amx_peak"):
+    for name in ("probe_fma_peak", "probe_dpbf16_peak", "probe_amx_peak"):
         getattr(lib, name).restype = ctypes.c_double
         getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_int64]
     return lib
@@ -40,10 +40,12 @@ def add(a, b, out):
 
 def peaks(threads=None, seconds=0.2):
     """The machine's compute peaks in GFLOP/s, from in-register loops on ``threads`` threads (default: every CPU
-    this process may use): ``{"fma_float32": ..., "amx_bfloat16": ... or None}`` (None: no AMX here)."""
+    this process may use): ``{"fma_float32": ..., "avx512_bfloat16": ..., "amx_bfloat16": ...}`` (None where the
+    CPU lacks the instructions: VDPBF16PS, AMX)."""
     threads = threads or len(os.sched_getaffinity(0))
     out = {}
     for key, fn, flops_per_iteration in (("fma_float32", _lib().probe_fma_peak, 12 * 16 * 2),
+                                         ("avx512_bfloat16", _lib().probe_dpbf16_peak, 12 * 16 * 2 * 2),
                                          ("amx_bfloat16", _lib().probe_amx_peak, 6 * 16 * 16 * 32 * 2)):
         fn(threads, 1000)  # warm up (and the AMX permission)
         iterations = max(1000, int(seconds * 2e12 / flops_per_iteration / threads))
@@ -69,3 +71,34 @@ def host_probes(read_floats=2**27, amx_iterations=100_000):
     if _lib().probe_amx_peak(threads, 100) > 0:
         probes["amx"] = lambda: _lib().probe_amx_peak(threads, amx_iterations)
     return probes
+
+
+MACHINE_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
+
+
+def machine():
+    """What a benchmark ran on (its JSON carries it; the same code runs at different speeds on different hosts):
+    the CPU's model, the vector and matrix extensions the kernels choose between, the CPUs this process may use,
+    and the L3's size."""
+    info = {"cpu": "unknown", "flags": [], "cpus": len(os.sched_getaffinity(0)), "l3": None}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and info["cpu"] == "unknown":
+                    info["cpu"] = value.strip()
+                elif key.strip() == "flags":
+                    info["flags"] = [x for x in MACHINE_FLAGS if x in value.split()]
+                    break
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            info["l3"] = f.read().strip()
+    except OSError:
+        pass
+    return info
+
+
+def machine_line(info=None):
+    """``machine()`` as one line for a benchmark's printout."""
+    info = info or machine()
+    return f"machine: {info['cpu']}, {info['cpus']} CPUs, {' '.join(info['flags'])}, L3 {info['l3']}"
+

@@ -86,6 +86,19 @@ __attribute__((target("avx512f"))) float fma_loop(int64_t iterations) {
   return sink;
 }
 
+// One thread's AVX512-BF16 dot products (VDPBF16PS: 16 lanes x 2 bfloat16 products, float32 sums), the bfloat16
+// GEMM's limit where the CPU has no AMX: 12 independent accumulators, as fma_loop.
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop(int64_t iterations) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(float(i) * 1e-3f);
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);  // 1, 6e-8
+  for (int64_t it = 0; it < iterations; ++it)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  float sink = 0.0f;
+  for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_ps(acc[i]);
+  return sink;
+}
+
 // One thread's TDPBF16PS: 6 accumulating tiles (16x16 float32 each) fed by 16x32 bfloat16 A and B tiles already
 // in registers; false where the kernel does not give AMX to this thread.
 __attribute__((target("amx-tile,amx-bf16"))) bool amx_loop(int64_t iterations) {
@@ -145,6 +158,16 @@ double probe_fma_peak(int threads, int64_t iterations) {
   on_threads(threads, [&](int id) { sinks[id] = fma_loop(iterations); });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sinks[0] == 12345.0f ? 0.0 : double(threads) * iterations * 12 * 16 * 2 / s;
+}
+
+// bfloat16 FLOP/s of AVX512-BF16 VDPBF16PS on `threads` threads; -1 where the CPU lacks it.
+double probe_dpbf16_peak(int threads, int64_t iterations) {
+  if (!__builtin_cpu_supports("avx512bf16")) return -1.0;
+  std::vector<float> sinks(threads, 0.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  on_threads(threads, [&](int id) { sinks[id] = dpbf16_loop(iterations); });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return sinks[0] == 12345.0f ? 0.0 : double(threads) * iterations * 12 * 16 * 2 * 2 / s;
 }
 
 // bfloat16 FLOP/s of AMX TDPBF16PS on `threads` threads; -1 where the CPU or the kernel does not give AMX to

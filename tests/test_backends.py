@@ -87,9 +87,9 @@ def test_the_tuning_table_is_what_the_paths_follow():
     table = kernels.tuning()
     for dtype in DTYPE_NAMES:
         swapped, amx = table["swapped_tokens"][dtype], table["amx_tokens"][dtype]
-        for quant in (None, "int8"):  # int8 weights: the skinny range, checked before amx
+        for quant in (None, "int8"):  # int8 weights: their skinny range, checked before amx
             for n in range(1, 600):
-                if quant and n <= table["skinny_max_tokens"][dtype]:
+                if quant and n <= table["skinny_max_tokens_int8"][dtype]:
                     want = "skinny"
                 elif table["amx_available"] and amx and amx[0] <= n <= amx[1]:
                     want = "amx"

@@ -115,8 +115,8 @@ def test_default_paths():
                                ("bfloat16", 2, "skinny"), ("float16", 12, "skinny")):
         assert kernels.path(dtype, n) == expected, (dtype, n)
     amx = kernels.tuning()["amx_available"]  # bfloat16 on AMX tiles from 3 to 512 tokens, where the CPU has them
-    for n, expected in ((3, "amx" if amx else "skinny"), (4, "amx" if amx else "skinny"),
-                        (5, "amx" if amx else "onednn"), (512, "amx" if amx else "onednn"), (513, "onednn")):
+    for n, expected in ((3, "amx" if amx else "skinny"), (16, "amx" if amx else "skinny"),
+                        (17, "amx" if amx else "onednn"), (512, "amx" if amx else "onednn"), (513, "onednn")):
         assert kernels.path("bfloat16", n) == expected, ("bfloat16", n)
     with kernels.forced_path("onednn"):
         assert kernels.path("float32", 1) == "onednn"

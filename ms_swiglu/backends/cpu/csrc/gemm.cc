@@ -22,10 +22,13 @@ namespace {
 
 // The tuning table, by dtype (float32, float16, bfloat16), measured with tools/bench_linear.py at llama-7b
 // shapes: the skinny kernel up to kSkinnyMax tokens, the swapped oneDNN path within kSwap, plain oneDNN above.
-constexpr int64_t kSkinnyMax[kDtypes] = {8, 12, 4};
-// int8 weights take the skinny kernel (which widens them in registers) over its whole range, before the amx path:
+// bfloat16 there only where the amx path does not take it first (a CPU without AMX): at 6-16 tokens the skinny
+// kernel ran 16-28 ms against oneDNN's 36-53 ms (AMD EPYC, llama-7b gate_up + down, bench_linear), at 24 37 against 27.
+constexpr int64_t kSkinnyMax[kDtypes] = {8, 12, 16};
+// int8 weights take the skinny kernel (which widens them in registers) within this range before the amx path:
 // bfloat16 at 3-4 tokens skinny 6.4-7.5 ms against amx 8.4-8.9 (llama-7b gate_up + down, interleaved), at 6
 // 9.6-10.0 against 8.9-9.3.
+constexpr int64_t kSkinnyMaxQ8[kDtypes] = {8, 12, 4};
 constexpr int64_t kSwap[kDtypes][2] = {{9, 192}, {1, 0}, {32, 192}};  // float16: swapping gained nothing measurable
 // The experts' GEMMs of a MoE block (one thread each when there are many, few rows each): the swapped path
 // from the skinny range on for bfloat16 (measured at 16 rows per expert on the Qwen3-30B-A3B shape: 121 ms
@@ -170,7 +173,7 @@ Path path(int d, int64_t n, bool expert, bool q8) {
   const int forced = g_forced;
   const int64_t *swap = expert ? kSwapExpert[d] : kSwap[d];
   const Path p = forced >= 0 ? Path(forced)
-                 : q8 && n <= kSkinnyMax[d] ? kSkinny
+                 : q8 && n <= kSkinnyMaxQ8[d] ? kSkinny
                  : n >= kAmxTokens[d][0] && n <= kAmxTokens[d][1] && amx::available() ? kAmx
                  : n <= kSkinnyMax[d] ? kSkinny
                  : n >= swap[0] && n <= swap[1] ? kSwapped : kOnednn;
@@ -189,20 +192,27 @@ int force_path(int p) { return g_forced.exchange(p >= 0 && p < kPaths ? p : -1);
 std::string tuning_json() {
   std::string s = "{\"paths\": [";
   for (int p = 0; p < kPaths; ++p) s += std::string(p ? ", " : "") + "\"" + kPathNames[p] + "\"";
-  s += "], \"skinny_max_tokens\": {";
-  for (int d = 0; d < kDtypes; ++d)
-    s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + std::to_string(kSkinnyMax[d]);
+  s += "]";
+  const std::pair<const char *, const int64_t *> most[] = {{"skinny_max_tokens", kSkinnyMax},
+                                                            {"skinny_max_tokens_int8", kSkinnyMaxQ8}};
+  for (const auto &[key, tokens] : most) {
+    s += std::string(", \"") + key + "\": {";
+    for (int d = 0; d < kDtypes; ++d)
+      s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + std::to_string(tokens[d]);
+    s += "}";
+  }
   const std::pair<const char *, const int64_t(*)[2]> rows[] = {
       {"amx_tokens", kAmxTokens}, {"swapped_tokens", kSwap}, {"swapped_tokens_expert", kSwapExpert}};
   for (const auto &[key, swap] : rows) {
-    s += std::string("}, \"") + key + "\": {";
+    s += std::string(", \"") + key + "\": {";
     for (int d = 0; d < kDtypes; ++d) {
       s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": ";
       s += swap[d][0] <= swap[d][1] ? "[" + std::to_string(swap[d][0]) + ", " + std::to_string(swap[d][1]) + "]"
                                     : "null";
     }
+    s += "}";
   }
-  s += "}, \"onednn_int8_weights\": {";  // oneDNN's weight decompression, by the dtype of x
+  s += ", \"onednn_int8_weights\": {";  // oneDNN's weight decompression, by the dtype of x
   for (int d = 0; d < kDtypes; ++d)
     s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + (onednn::takes_q8(a_dtype(d)) ? "true" : "false");
   s += std::string("}, \"amx_available\": ") + (amx::available() ? "true" : "false");

@@ -15,7 +15,7 @@ at the start. At N=1 the .so's read probe also joins the interleaved rounds, and
 against it (median against median).
 
 With --layers L every call runs L MLPs with distinct weights, so that the weights do not sit in the L3 cache
-between calls (a repeated single layer partly does: this machine has a 300 MiB L3).
+between calls (a repeated single layer partly does where the L3 is large: 300 MiB on the Intel host measured).
 
 With --peer-python PY (an interpreter that has torch) the peer `peer-torch/eager` joins the interleaved loop:
 HuggingFace's LlamaMLP in PyTorch, served by tools/torch_peer.py in its own process and timed per round trip.
@@ -133,7 +133,7 @@ def bandwidth(rounds=5):
     return read, rw
 
 
-READ_PROBE_FLOATS = 256 * 2**20  # 1 GiB: 3.4x the 300 MiB L3 here
+READ_PROBE_FLOATS = 256 * 2**20  # 1 GiB: 3.4x the largest L3 measured on (300 MiB)
 
 
 def as_dtype(x32, dtype):

@@ -56,8 +56,9 @@ def peaks(threads=None, seconds=0.2):
 
 def host_probes(read_floats=2**27, amx_iterations=100_000):
     """Short probes of the host's speed for ``timing.HostSpeed`` ({name: callable returning a rate}): the streaming
-    read of ``read_floats`` float32 (512 MiB, 1.7x the 300 MiB L3 here, so a repeated read still comes from memory;
-    13-20 ms) in bytes/s and, where the CPU gives AMX, the AMX loop in FLOP/s (100000 iterations per thread: ~5 ms)."""
+    read of ``read_floats`` float32 (512 MiB, 1.7x the largest L3 measured on, 300 MiB, so a repeated read still
+    comes from memory; 13-20 ms) in bytes/s and, where the CPU gives AMX, the AMX loop in FLOP/s (100000
+    iterations per thread: ~5 ms)."""
     import numpy as np  # noqa: PLC0415
 
     big, threads = np.ones(read_floats, np.float32), len(os.sched_getaffinity(0))

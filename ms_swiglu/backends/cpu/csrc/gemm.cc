@@ -214,7 +214,8 @@ std::string tuning_json() {
   }
   s += ", \"onednn_int8_weights\": {";  // oneDNN's weight decompression, by the dtype of x
   for (int d = 0; d < kDtypes; ++d)
-    s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + (onednn::takes_q8(a_dtype(d)) ? "true" : "false");
+    s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " +
+         (onednn::takes_q8(a_dtype(d)) ? "true" : "false");
   s += std::string("}, \"amx_available\": ") + (amx::available() ? "true" : "false");
   s += ", \"block_rows\": " + std::to_string(kBlockRows);
   s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(kSkinnyTiles.rows_16bit_1) +

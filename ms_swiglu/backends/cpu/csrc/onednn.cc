@@ -187,8 +187,8 @@ struct Matmul {
 constexpr size_t kMaxMatmuls = 256;
 std::map<std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t>, std::shared_ptr<Matmul>> g_matmuls;
 
-// a_d, b_d, c_d: dtypes (b_d kQ8: int8 weights with scales)
-
+// The primitive for a_d, b_d, c_d (dtypes; b_d kQ8: int8 weights with per-row scales); nullptr where oneDNN
+// has none.
 std::shared_ptr<Matmul> matmul(const Api &a, int a_d, int b_d, int c_d, int64_t na, int64_t nb, int64_t k,
                                int64_t ldc) {
   std::lock_guard<std::mutex> lock(g_mutex);

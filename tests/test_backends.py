@@ -95,7 +95,7 @@ def test_the_tuning_table_is_what_the_paths_follow():
                     want = "amx"
                 elif n <= table["skinny_max_tokens"][dtype]:
                     want = "skinny"
-                elif quant and table["onednn_int8_weights"][dtype] and kernels.path(dtype, n) != "skinny":
+                elif quant and table["onednn_int8_weights"][dtype]:
                     want = "onednn"  # oneDNN's weight decompression takes int8 as the weights operand only
                 elif swapped and swapped[0] <= n <= swapped[1]:
                     want = "onednn-swapped"

@@ -98,8 +98,7 @@ def machine():
     return info
 
 
-def machine_line(info=None):
+def machine_line():
     """``machine()`` as one line for a benchmark's printout."""
-    info = info or machine()
+    info = machine()
     return f"machine: {info['cpu']}, {info['cpus']} CPUs, {' '.join(info['flags'])}, L3 {info['l3']}"
-

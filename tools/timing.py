@@ -72,13 +72,17 @@ class HostSpeed:
     BEST_OF = 3
 
     def __init__(self, probes):
-        self.probes, self.best, self._top = dict(probes), {}, {}
+        self.probes, self._top = dict(probes), {}
+
+    @property
+    def best(self):
+        """{name: the BEST_OF-th highest rate so far (the lowest one while there are fewer)}"""
+        return {name: top[-1] for name, top in self._top.items()}
 
     def sample(self):
         rates = {name: probe() for name, probe in self.probes.items()}
         for name, rate in rates.items():
-            top = self._top[name] = sorted([*self._top.get(name, []), rate], reverse=True)[:self.BEST_OF]
-            self.best[name] = top[-1]  # the BEST_OF-th highest rate so far (the lowest one while there are fewer)
+            self._top[name] = sorted([*self._top.get(name, []), rate], reverse=True)[:self.BEST_OF]
         return rates
 
     def speed(self, rates):

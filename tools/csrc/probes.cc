@@ -150,24 +150,25 @@ double probe_read(const char *isa, const float *x, int64_t n) {
   return -1.0;
 }
 
+// FLOP/s of `loop` (one thread's in-register loop, `flops` per iteration) on `threads` threads.
+double loop_rate(int threads, int64_t iterations, float (*loop)(int64_t), double flops) {
+  std::vector<float> sinks(threads, 0.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  on_threads(threads, [&](int id) { sinks[id] = loop(iterations); });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return sinks[0] == 12345.0f ? 0.0 : double(threads) * iterations * flops / s;
+}
+
 // float32 FLOP/s of AVX-512 FMAs on `threads` threads.
 double probe_fma_peak(int threads, int64_t iterations) {
   if (!__builtin_cpu_supports("avx512f")) return -1.0;
-  std::vector<float> sinks(threads, 0.0f);
-  const auto t0 = std::chrono::steady_clock::now();
-  on_threads(threads, [&](int id) { sinks[id] = fma_loop(iterations); });
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return sinks[0] == 12345.0f ? 0.0 : double(threads) * iterations * 12 * 16 * 2 / s;
+  return loop_rate(threads, iterations, fma_loop, 12 * 16 * 2);
 }
 
 // bfloat16 FLOP/s of AVX512-BF16 VDPBF16PS on `threads` threads; -1 where the CPU lacks it.
 double probe_dpbf16_peak(int threads, int64_t iterations) {
   if (!__builtin_cpu_supports("avx512bf16")) return -1.0;
-  std::vector<float> sinks(threads, 0.0f);
-  const auto t0 = std::chrono::steady_clock::now();
-  on_threads(threads, [&](int id) { sinks[id] = dpbf16_loop(iterations); });
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return sinks[0] == 12345.0f ? 0.0 : double(threads) * iterations * 12 * 16 * 2 * 2 / s;
+  return loop_rate(threads, iterations, dpbf16_loop, 12 * 16 * 2 * 2);
 }
 
 // bfloat16 FLOP/s of AMX TDPBF16PS on `threads` threads; -1 where the CPU or the kernel does not give AMX to

@@ -212,7 +212,7 @@ std::shared_ptr<Matmul> matmul(const Api &a, int a_d, int b_d, int c_d, int64_t 
   for (int i = 0; i < 3; ++i) ok = ok && a.md_create(&mm->md[i], 2, dims[i], types[i], strides[i]) == dnnl_success;
   ok = ok && a.matmul_pd_create(&pd, a.engine, mm->md[0], mm->md[1], nullptr, mm->md[2], attr) == dnnl_success;
   const_dnnl_memory_desc_t scratch = ok ? a.pd_query_md(pd, dnnl_query_scratchpad_md, 0) : nullptr;
-  ok = ok && (!scratch || a.md_clone(&mm->md[3], scratch) == dnnl_success);
+  if (scratch && a.md_size(scratch) > 0) ok = ok && a.md_clone(&mm->md[3], scratch) == dnnl_success;
   mm->scratch = mm->md[3] ? a.md_size(mm->md[3]) : 0;
   ok = ok && a.primitive_create(&mm->primitive, pd) == dnnl_success;
   if (pd) a.pd_destroy(pd);
@@ -247,8 +247,7 @@ bool execute(int a_d, const void *a, int64_t na, int b_d, const void *b, const f
   int n = 0;
   bool ok = true;
   for (int i = 0; i < 5; ++i) {
-    if (i == 3 && !mm->scratch) continue;
-    if (i == 4 && !mm->md[4]) continue;
+    if (!mm->md[i]) continue;  // no scratchpad, or no scales
     ok = ok && ap->memory_create(&mem[i], mm->md[i], ap->engine, const_cast<void *>(data[i])) == dnnl_success;
     args[n++] = {keys[i], mem[i]};
   }
@@ -269,21 +268,27 @@ bool gemm_q8(int a_d, const void *a, int64_t na, const int8_t *b, const float *b
   return execute(a_d, a, na, kQ8, b, b_scale, nb, k, c_d, c, ldc);
 }
 
-bool takes(int d) {
-  static std::atomic<int> known[kDtypes] = {-1, -1, -1};
+namespace {
+// known[d]: whether `probe()` built its matmuls, asked once per dtype d (-1: not yet)
+template <typename Probe>
+bool once(std::atomic<int> (&known)[kDtypes], int d, const Probe &probe) {
   const Api *ap = api();
   if (!ap) return false;
-  if (known[d] < 0)
-    known[d] = matmul(*ap, d == kF16 ? kF32 : d, d, d, 2, 16, 16, 16) && matmul(*ap, d, d, kF32, 16, 2, 16, 2);
+  if (known[d] < 0) known[d] = probe(*ap);
   return known[d] == 1;
+}
+}  // namespace
+
+bool takes(int d) {
+  static std::atomic<int> known[kDtypes] = {-1, -1, -1};
+  return once(known, d, [d](const Api &ap) {
+    return matmul(ap, d == kF16 ? kF32 : d, d, d, 2, 16, 16, 16) && matmul(ap, d, d, kF32, 16, 2, 16, 2);
+  });
 }
 
 bool takes_q8(int a_d) {
   static std::atomic<int> known[kDtypes] = {-1, -1, -1};
-  const Api *ap = api();
-  if (!ap) return false;
-  if (known[a_d] < 0) known[a_d] = matmul(*ap, a_d, kQ8, kF32, 2, 16, 16, 16) != nullptr;
-  return known[a_d] == 1;
+  return once(known, a_d, [a_d](const Api &ap) { return matmul(ap, a_d, kQ8, kF32, 2, 16, 16, 16) != nullptr; });
 }
 
 }  // namespace msw::onednn

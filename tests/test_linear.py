@@ -58,7 +58,7 @@ def test_skinny_tiles_and_tails(dtype, swiglu, skinny_only):
             _check_kernel(n, k, m, dtype, swiglu, seed=n * k + m)
 
 
-@pytest.mark.parametrize("isa", ["avx2", "generic"])
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])  # (the best, avx512bf16 here, runs every other test)
 def test_skinny_every_isa(isa, skinny_only):
     best = kernels.isa()
     try:
@@ -68,6 +68,14 @@ def test_skinny_every_isa(isa, skinny_only):
             _check_kernel(7, 100, 9, dtype, False)
     finally:
         kernels.set_isa(best)
+
+
+def test_the_best_isa_of_this_cpu():
+    # bfloat16 weights take the VDPBF16PS skinny kernel where the CPU has AVX512-BF16 (the suite expects AVX-512)
+    flags = open("/proc/cpuinfo").read().split()
+    assert kernels.isa() == ("avx512bf16" if "avx512_bf16" in flags else "avx512")
+    with kernels.forced_path("skinny"):
+        _check_kernel(16, 4096, 40, "bfloat16", True)  # a model's k: float32 sums of 4096 products
 
 
 def _has_fp16_matmul():
@@ -115,8 +123,10 @@ def test_default_paths():
                                ("bfloat16", 2, "skinny"), ("float16", 12, "skinny")):
         assert kernels.path(dtype, n) == expected, (dtype, n)
     amx = kernels.tuning()["amx_available"]  # bfloat16 on AMX tiles from 3 to 512 tokens, where the CPU has them
+    dot = kernels.tuning()["skinny_max_tokens_bf16_dot"] == 64  # else a CPU without AVX512-BF16: 16
     for n, expected in ((3, "amx" if amx else "skinny"), (16, "amx" if amx else "skinny"),
-                        (17, "amx" if amx else "onednn"), (512, "amx" if amx else "onednn"), (513, "onednn")):
+                        (17, "amx" if amx else "skinny" if dot else "onednn"),
+                        (65, "amx" if amx else "onednn"), (512, "amx" if amx else "onednn"), (513, "onednn")):
         assert kernels.path("bfloat16", n) == expected, ("bfloat16", n)
     with kernels.forced_path("onednn"):
         assert kernels.path("float32", 1) == "onednn"

@@ -1,9 +1,10 @@
 """The cpu backend: the package's own C++ kernels as aot Custom ops (``csrc/``, bound through ``kernels``).
 
 The gate/up GEMM has the SwiGLU as its epilogue, so [T, 2I] never exists; the GEMMs run a skinny kernel for few
-tokens and oneDNN's matmul (MindSpore's libdnnl) above, reading the weights in place in their own dtype. AVX-512,
-AVX2 or generic x86-64, chosen at run time; bfloat16 on AMX tiles where the CPU has them (csrc/amx.cc); the
-library's own thread pool (csrc/pool.cc). The FFN block's RMSNorm and residual add are C++ calls too.
+tokens and oneDNN's matmul (MindSpore's libdnnl) above, reading the weights in place in their own dtype. AVX-512
+(with AVX512-BF16's VDPBF16PS for bfloat16 where present), AVX2 or generic x86-64, chosen at run time; bfloat16
+on AMX tiles where the CPU has them (csrc/amx.cc); the library's own thread pool (csrc/pool.cc). The FFN block's
+RMSNorm and residual add are C++ calls too.
 """
 from ms_swiglu.backends.cpu.ops import FusedAdd, FusedLinear, FusedRMSNorm, GroupedExperts, swiglu_op
 from ms_swiglu.backends.cpu import kernels

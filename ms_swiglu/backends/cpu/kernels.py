@@ -136,14 +136,16 @@ def launches():
 
 
 def isa():
-    """The instruction set the kernels use: 'avx512', 'avx2' or 'generic'."""
+    """The instruction set the kernels use: 'avx512bf16' (AVX-512 with AVX512-BF16), 'avx512', 'avx2' or
+    'generic'."""
     return _lib().msw_isa().decode()
 
 
 def set_isa(name):
     """Force a lower instruction set (a diagnostic); raises when the CPU lacks it."""
     if _lib().msw_set_isa(name.encode()) != 0:
-        raise ValueError(f"isa: expected one of 'avx512', 'avx2', 'generic' supported by this CPU, got {name!r}")
+        raise ValueError(f"isa: expected one of 'avx512bf16', 'avx512', 'avx2', 'generic' supported by this CPU, "
+                         f"got {name!r}")
 
 
 def run(op, *arrays, dtype):

@@ -25,11 +25,17 @@ namespace {
 // bfloat16 there only where the amx path does not take it first (a CPU without AMX): at 6-16 tokens the skinny
 // kernel ran 16-28 ms against oneDNN's 36-53 ms (AMD EPYC, llama-7b gate_up + down, bench_linear), at 24 37 against 27.
 constexpr int64_t kSkinnyMax[kDtypes] = {8, 12, 16};
+// bfloat16 weights where the skinny kernel has VDPBF16PS (AVX512-BF16, IsaKernels::skinny_bf16): it ran level with
+// or ahead of oneDNN up to 96 tokens (AMD EPYC, llama-7b gate_up + down, bench_linear: 32 tokens 26 ms against 33-37,
+// 64 46-48 against 50, 96 70 against 71; 128 level, 256 179 against 169).
+constexpr int64_t kSkinnyMaxDot = 64;
 // int8 weights take the skinny kernel (which widens them in registers) within this range before the amx path:
 // bfloat16 at 3-4 tokens skinny 6.4-7.5 ms against amx 8.4-8.9 (llama-7b gate_up + down, interleaved), at 6
 // 9.6-10.0 against 8.9-9.3.
 constexpr int64_t kSkinnyMaxQ8[kDtypes] = {8, 12, 4};
-constexpr int64_t kSwap[kDtypes][2] = {{9, 192}, {1, 0}, {32, 192}};  // float16: swapping gained nothing measurable
+// float16: swapping gained nothing measurable; bfloat16: plain oneDNN ran 1.02-1.06x faster than swapped at 128-512
+// tokens (AMD EPYC, two runs), and the skinny kernel takes fewer tokens.
+constexpr int64_t kSwap[kDtypes][2] = {{9, 192}, {1, 0}, {1, 0}};
 // The experts' GEMMs of a MoE block (one thread each when there are many, few rows each): the swapped path
 // from the skinny range on for bfloat16 (measured at 16 rows per expert on the Qwen3-30B-A3B shape: 121 ms
 // against 232 ms plain, one call of T=256).
@@ -68,6 +74,7 @@ struct Op {
   const IsaKernels *ik;
   const float *scale;  // int8 weights: per-row scales; nullptr: weights in dtype d
   int a_d() const { return a_dtype(d); }  // x as oneDNN's source operand
+  bool bf16_dot() const { return d == kBF16 && !scale && ik->skinny_bf16; }  // the skinny kernel reads x as it is
   const void *a() const { return d == kF16 ? static_cast<const void *>(xf) : x; }
   size_t es() const { return dtype_size(d); }
   size_t yes() const { return dtype_size(yd); }
@@ -90,6 +97,8 @@ struct Op {
       amx::rows(xv, n, k, static_cast<const uint16_t *>(w_rows), rows, c, ldc);
     } else if (scale) {
       ik->skinny_q8(xf, n, k, w_rows, rows, c, ldc);
+    } else if (bf16_dot()) {
+      ik->skinny_bf16(static_cast<const bf16 *>(x), n, k, w_rows, rows, c, ldc);
     } else {
       ik->skinny[d](xf, n, k, w_rows, rows, c, ldc);
     }
@@ -156,7 +165,7 @@ bool run(const Linear &call, int64_t rows, const Body &body) {
     op.xsum = xsum.data();
   }
   std::vector<float> xf;
-  if (op.d != kF32 && (op.path == kSkinny || (op.path == kOnednn && op.d == kF16))) {
+  if (op.d != kF32 && ((op.path == kSkinny && !op.bf16_dot()) || (op.path == kOnednn && op.d == kF16))) {
     xf.resize(op.n * op.k);
     parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t)
@@ -172,10 +181,11 @@ bool run(const Linear &call, int64_t rows, const Body &body) {
 Path path(int d, int64_t n, bool expert, bool q8) {
   const int forced = g_forced;
   const int64_t *swap = expert ? kSwapExpert[d] : kSwap[d];
+  const int64_t skinny_max = d == kBF16 && !q8 && isa().skinny_bf16 ? kSkinnyMaxDot : kSkinnyMax[d];
   const Path p = forced >= 0 ? Path(forced)
                  : q8 && n <= kSkinnyMaxQ8[d] ? kSkinny
                  : n >= kAmxTokens[d][0] && n <= kAmxTokens[d][1] && amx::available() ? kAmx
-                 : n <= kSkinnyMax[d] ? kSkinny
+                 : n <= skinny_max ? kSkinny
                  : n >= swap[0] && n <= swap[1] ? kSwapped : kOnednn;
   if (p == kAmx) return d == kBF16 && amx::available() ? kAmx : kSkinny;
   if (p == kSkinny || !onednn::takes(d)) return kSkinny;
@@ -216,7 +226,9 @@ std::string tuning_json() {
   for (int d = 0; d < kDtypes; ++d)
     s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " +
          (onednn::takes_q8(a_dtype(d)) ? "true" : "false");
-  s += std::string("}, \"amx_available\": ") + (amx::available() ? "true" : "false");
+  s += std::string("}, \"skinny_max_tokens_bf16_dot\": ") +  // bfloat16 weights, where VDPBF16PS is in use
+       (isa().skinny_bf16 ? std::to_string(kSkinnyMaxDot) : "null");
+  s += std::string(", \"amx_available\": ") + (amx::available() ? "true" : "false");
   s += ", \"block_rows\": " + std::to_string(kBlockRows);
   s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(kSkinnyTiles.rows_16bit_1) +
        ", \"1_2_tokens\": " + std::to_string(kSkinnyTiles.rows_1_2) + ", \"other\": " +

@@ -25,9 +25,10 @@ namespace {
 // bfloat16 there only where the amx path does not take it first (a CPU without AMX): at 6-16 tokens the skinny
 // kernel ran 16-28 ms against oneDNN's 36-53 ms (AMD EPYC, llama-7b gate_up + down, bench_linear), at 24 37 against 27.
 constexpr int64_t kSkinnyMax[kDtypes] = {8, 12, 16};
-// bfloat16 weights where the skinny kernel has VDPBF16PS (AVX512-BF16, IsaKernels::skinny_bf16): it ran level with
+// bfloat16 x where the skinny kernel has VDPBF16PS (AVX512-BF16, IsaKernels::skinny_bf16): it ran level with
 // or ahead of oneDNN up to 96 tokens (AMD EPYC, llama-7b gate_up + down, bench_linear: 32 tokens 26 ms against 33-37,
-// 64 46-48 against 50, 96 70 against 71; 128 level, 256 179 against 169).
+// 64 46-48 against 50, 96 70 against 71; 128 level, 256 179 against 169); int8 weights with bfloat16 x likewise
+// (32 / 64 tokens 28 / 49 ms against oneDNN's weight decompression 30 / 51).
 constexpr int64_t kSkinnyMaxDot = 64;
 // int8 weights take the skinny kernel (which widens them in registers) within this range before the amx path:
 // bfloat16 at 3-4 tokens skinny 6.4-7.5 ms against amx 8.4-8.9 (llama-7b gate_up + down, interleaved), at 6
@@ -53,6 +54,11 @@ constexpr int64_t kBlockRows = 1024;
 constexpr int64_t kSkinnyRows = 256, kSkinnyCols = 128;
 // Rows per call of the amx path above 16 tokens, where it shares the tokens' tiles between panels (amx.cc).
 constexpr int64_t kAmxRows = 256;
+// int8 weights and bfloat16 x on VDPBF16PS: from kWidenTokens tokens, kWidenRows rows at a time widened to bfloat16
+// (16 x 4096: 128 KB, in L2) for the skinny kernel; fewer tokens widen in registers. llama-7b gate_up + down
+// against widening in registers, interleaved (AMD EPYC): 0.59-0.78x at 2-4 tokens, 0.96-1.05x at 6-12, 1.18x at 16
+// (min 1.51x), and 32 / 64 tokens 28 / 49 ms against 46 / 87.
+constexpr int64_t kWidenTokens = 16, kWidenRows = 16;
 // Elements below which a widening pass runs in the calling thread alone (waking the pool costs more).
 constexpr int64_t kSerialElements = 1 << 15;
 
@@ -74,7 +80,8 @@ struct Op {
   const IsaKernels *ik;
   const float *scale;  // int8 weights: per-row scales; nullptr: weights in dtype d
   int a_d() const { return a_dtype(d); }  // x as oneDNN's source operand
-  bool bf16_dot() const { return d == kBF16 && !scale && ik->skinny_bf16; }  // the skinny kernel reads x as it is
+  // the skinny kernel reads x as it is: bfloat16 x on VDPBF16PS, int8 weights widened to bfloat16 first
+  bool bf16_dot() const { return d == kBF16 && ik->skinny_bf16 && (!scale || n >= kWidenTokens); }
   const void *a() const { return d == kF16 ? static_cast<const void *>(xf) : x; }
   size_t es() const { return dtype_size(d); }
   size_t yes() const { return dtype_size(yd); }
@@ -95,6 +102,14 @@ struct Op {
       amx::rows(xv, n, k, static_cast<const int8_t *>(w_rows), rows, c, ldc, xsum);
     } else if (path == kAmx) {
       amx::rows(xv, n, k, static_cast<const uint16_t *>(w_rows), rows, c, ldc);
+    } else if (scale && bf16_dot()) {  // int8 rows widened (exactly) to bfloat16 a few at a time, kept in L2
+      thread_local std::vector<bf16> wide;
+      wide.resize(kWidenRows * k);
+      for (int64_t p = 0; p < rows; p += kWidenRows) {
+        const int64_t pr = std::min(kWidenRows, rows - p);
+        ik->widen_q8[kBF16](static_cast<const int8_t *>(w_rows) + p * k, wide.data(), pr, k);
+        ik->skinny_bf16(static_cast<const bf16 *>(x), n, k, wide.data(), pr, c + p, ldc);
+      }
     } else if (scale) {
       ik->skinny_q8(xf, n, k, w_rows, rows, c, ldc);
     } else if (bf16_dot()) {
@@ -181,7 +196,7 @@ bool run(const Linear &call, int64_t rows, const Body &body) {
 Path path(int d, int64_t n, bool expert, bool q8) {
   const int forced = g_forced;
   const int64_t *swap = expert ? kSwapExpert[d] : kSwap[d];
-  const int64_t skinny_max = d == kBF16 && !q8 && isa().skinny_bf16 ? kSkinnyMaxDot : kSkinnyMax[d];
+  const int64_t skinny_max = d == kBF16 && isa().skinny_bf16 ? kSkinnyMaxDot : kSkinnyMax[d];
   const Path p = forced >= 0 ? Path(forced)
                  : q8 && n <= kSkinnyMaxQ8[d] ? kSkinny
                  : n >= kAmxTokens[d][0] && n <= kAmxTokens[d][1] && amx::available() ? kAmx
@@ -226,7 +241,7 @@ std::string tuning_json() {
   for (int d = 0; d < kDtypes; ++d)
     s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " +
          (onednn::takes_q8(a_dtype(d)) ? "true" : "false");
-  s += std::string("}, \"skinny_max_tokens_bf16_dot\": ") +  // bfloat16 weights, where VDPBF16PS is in use
+  s += std::string("}, \"skinny_max_tokens_bf16_dot\": ") +  // bfloat16 x, where VDPBF16PS is in use
        (isa().skinny_bf16 ? std::to_string(kSkinnyMaxDot) : "null");
   s += std::string(", \"amx_available\": ") + (amx::available() ? "true" : "false");
   s += ", \"block_rows\": " + std::to_string(kBlockRows);

@@ -28,8 +28,10 @@ constexpr int64_t kSkinnyMax[kDtypes] = {8, 12, 16};
 // bfloat16 x where the skinny kernel has VDPBF16PS (AVX512-BF16, IsaKernels::skinny_bf16): it ran level with
 // or ahead of oneDNN up to 96 tokens (AMD EPYC, llama-7b gate_up + down, bench_linear: 32 tokens 26 ms against 33-37,
 // 64 46-48 against 50, 96 70 against 71; 128 level, 256 179 against 169); int8 weights with bfloat16 x likewise
-// (32 / 64 tokens 28 / 49 ms against oneDNN's weight decompression 30 / 51).
-constexpr int64_t kSkinnyMaxDot = 64;
+// (32 / 64 tokens 28 / 49 ms against oneDNN's weight decompression 30 / 51). A MoE block's experts (one thread each)
+// to 48 rows: Qwen3-30B-A3B MoeGateUpSwiglu against the swapped path, 1.95x / 1.22x faster at 32 / 48 rows per
+// expert on average, 0.82x at 64.
+constexpr int64_t kSkinnyMaxDot = 64, kSkinnyMaxDotExpert = 48;
 // int8 weights take the skinny kernel (which widens them in registers) within this range before the amx path:
 // bfloat16 at 3-4 tokens skinny 6.4-7.5 ms against amx 8.4-8.9 (llama-7b gate_up + down, interleaved), at 6
 // 9.6-10.0 against 8.9-9.3.
@@ -196,7 +198,8 @@ bool run(const Linear &call, int64_t rows, const Body &body) {
 Path path(int d, int64_t n, bool expert, bool q8) {
   const int forced = g_forced;
   const int64_t *swap = expert ? kSwapExpert[d] : kSwap[d];
-  const int64_t skinny_max = d == kBF16 && isa().skinny_bf16 ? kSkinnyMaxDot : kSkinnyMax[d];
+  const int64_t skinny_max = d == kBF16 && isa().skinny_bf16 ? (expert ? kSkinnyMaxDotExpert : kSkinnyMaxDot)
+                                                              : kSkinnyMax[d];
   const Path p = forced >= 0 ? Path(forced)
                  : q8 && n <= kSkinnyMaxQ8[d] ? kSkinny
                  : n >= kAmxTokens[d][0] && n <= kAmxTokens[d][1] && amx::available() ? kAmx
@@ -243,6 +246,8 @@ std::string tuning_json() {
          (onednn::takes_q8(a_dtype(d)) ? "true" : "false");
   s += std::string("}, \"skinny_max_tokens_bf16_dot\": ") +  // bfloat16 x, where VDPBF16PS is in use
        (isa().skinny_bf16 ? std::to_string(kSkinnyMaxDot) : "null");
+  s += std::string(", \"skinny_max_tokens_bf16_dot_expert\": ") +
+       (isa().skinny_bf16 ? std::to_string(kSkinnyMaxDotExpert) : "null");
   s += std::string(", \"amx_available\": ") + (amx::available() ? "true" : "false");
   s += ", \"block_rows\": " + std::to_string(kBlockRows);
   s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(kSkinnyTiles.rows_16bit_1) +

@@ -20,7 +20,7 @@ int dtype_index(const char *name) {
   return -1;
 }
 
-#define MSW_TABLE(ns, skinny_dp)                                                            \
+#define MSW_TABLE(ns, skinny_bf16)                                                          \
   IsaKernels {                                                                              \
     #ns, {ns::fwd<float>, ns::fwd<f16>, ns::fwd<bf16>}, {ns::bwd<float>, ns::bwd<f16>, ns::bwd<bf16>}, \
         {ns::to_float<float>, ns::to_float<f16>, ns::to_float<bf16>},                       \
@@ -29,7 +29,7 @@ int dtype_index(const char *name) {
         {ns::skinny<float>, ns::skinny<f16>, ns::skinny<bf16>},                             \
         {ns::rms_norm_row<float>, ns::rms_norm_row<f16>, ns::rms_norm_row<bf16>},           \
         {ns::add<float>, ns::add<f16>, ns::add<bf16>},                                      \
-        ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}, skinny_dp \
+        ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}, skinny_bf16 \
   }
 
 #pragma GCC push_options

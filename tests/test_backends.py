@@ -93,8 +93,7 @@ def test_the_tuning_table_is_what_the_paths_follow():
                     want = "skinny"
                 elif table["amx_available"] and amx and amx[0] <= n <= amx[1]:
                     want = "amx"
-                elif n <= (table["skinny_max_tokens_bf16_dot"] if dtype == "bfloat16" and
-                           table["skinny_max_tokens_bf16_dot"] else table["skinny_max_tokens"][dtype]):
+                elif n <= table["skinny_max_tokens"][dtype]:
                     want = "skinny"
                 elif quant and table["onednn_int8_weights"][dtype]:
                     want = "onednn"  # oneDNN's weight decompression takes int8 as the weights operand only

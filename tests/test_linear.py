@@ -123,7 +123,7 @@ def test_default_paths():
                                ("bfloat16", 2, "skinny"), ("float16", 12, "skinny")):
         assert kernels.path(dtype, n) == expected, (dtype, n)
     amx = kernels.tuning()["amx_available"]  # bfloat16 on AMX tiles from 3 to 512 tokens, where the CPU has them
-    dot = kernels.tuning()["skinny_max_tokens_bf16_dot"] == 64  # else a CPU without AVX512-BF16: 16
+    dot = kernels.tuning()["skinny_max_tokens"]["bfloat16"] == 64  # else a CPU without AVX512-BF16: 16
     for n, expected in ((3, "amx" if amx else "skinny"), (16, "amx" if amx else "skinny"),
                         (17, "amx" if amx else "skinny" if dot else "onednn"),
                         (65, "amx" if amx else "onednn"), (512, "amx" if amx else "onednn"), (513, "onednn")):

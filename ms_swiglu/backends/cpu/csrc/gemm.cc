@@ -193,17 +193,21 @@ bool run(const Linear &call, int64_t rows, const Body &body) {
   return body(op);
 }
 
+// The skinny kernel's range of tokens for dtype d on this CPU (the VDPBF16PS one's where it is in use).
+int64_t skinny_max(int d, bool expert) {
+  if (d != kBF16 || !isa().skinny_bf16) return kSkinnyMax[d];
+  return expert ? kSkinnyMaxDotExpert : kSkinnyMaxDot;
+}
+
 }  // namespace
 
 Path path(int d, int64_t n, bool expert, bool q8) {
   const int forced = g_forced;
   const int64_t *swap = expert ? kSwapExpert[d] : kSwap[d];
-  const int64_t skinny_max = d == kBF16 && isa().skinny_bf16 ? (expert ? kSkinnyMaxDotExpert : kSkinnyMaxDot)
-                                                              : kSkinnyMax[d];
   const Path p = forced >= 0 ? Path(forced)
                  : q8 && n <= kSkinnyMaxQ8[d] ? kSkinny
                  : n >= kAmxTokens[d][0] && n <= kAmxTokens[d][1] && amx::available() ? kAmx
-                 : n <= skinny_max ? kSkinny
+                 : n <= skinny_max(d, expert) ? kSkinny
                  : n >= swap[0] && n <= swap[1] ? kSwapped : kOnednn;
   if (p == kAmx) return d == kBF16 && amx::available() ? kAmx : kSkinny;
   if (p == kSkinny || !onednn::takes(d)) return kSkinny;
@@ -221,7 +225,10 @@ std::string tuning_json() {
   std::string s = "{\"paths\": [";
   for (int p = 0; p < kPaths; ++p) s += std::string(p ? ", " : "") + "\"" + kPathNames[p] + "\"";
   s += "]";
-  const std::pair<const char *, const int64_t *> most[] = {{"skinny_max_tokens", kSkinnyMax},
+  int64_t skinny[kDtypes], skinny_expert[kDtypes];  // as path() takes them on this CPU
+  for (int d = 0; d < kDtypes; ++d) skinny[d] = skinny_max(d, false), skinny_expert[d] = skinny_max(d, true);
+  const std::pair<const char *, const int64_t *> most[] = {{"skinny_max_tokens", skinny},
+                                                            {"skinny_max_tokens_expert", skinny_expert},
                                                             {"skinny_max_tokens_int8", kSkinnyMaxQ8}};
   for (const auto &[key, tokens] : most) {
     s += std::string(", \"") + key + "\": {";
@@ -244,11 +251,7 @@ std::string tuning_json() {
   for (int d = 0; d < kDtypes; ++d)
     s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " +
          (onednn::takes_q8(a_dtype(d)) ? "true" : "false");
-  s += std::string("}, \"skinny_max_tokens_bf16_dot\": ") +  // bfloat16 x, where VDPBF16PS is in use
-       (isa().skinny_bf16 ? std::to_string(kSkinnyMaxDot) : "null");
-  s += std::string(", \"skinny_max_tokens_bf16_dot_expert\": ") +
-       (isa().skinny_bf16 ? std::to_string(kSkinnyMaxDotExpert) : "null");
-  s += std::string(", \"amx_available\": ") + (amx::available() ? "true" : "false");
+  s += std::string("}, \"amx_available\": ") + (amx::available() ? "true" : "false");
   s += ", \"block_rows\": " + std::to_string(kBlockRows);
   s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(kSkinnyTiles.rows_16bit_1) +
        ", \"1_2_tokens\": " + std::to_string(kSkinnyTiles.rows_1_2) + ", \"other\": " +

@@ -102,8 +102,9 @@ struct IsaKernels {
   // int8 weights (weight-only quantization): skinny over w [m, k] int8, unscaled sums; and int8 -> dtype, exact
   void (*skinny_q8)(const float *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
   void (*widen_q8[kDtypes])(const int8_t *src, void *dst, int64_t rows, int64_t k);  // [rows, k] row-major
-  // the skinny kernel for bfloat16 x and weights on AVX512-BF16 (VDPBF16PS); nullptr on other ISAs
+  // the skinny kernel for bfloat16 x on AVX512-BF16 (VDPBF16PS), bfloat16 and int8 weights; nullptr on other ISAs
   void (*skinny_bf16)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
+  void (*skinny_bf16_q8)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
 };
 
 const IsaKernels &isa();        // the ISA in use

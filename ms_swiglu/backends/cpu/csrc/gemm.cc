@@ -56,11 +56,6 @@ constexpr int64_t kBlockRows = 1024;
 constexpr int64_t kSkinnyRows = 256, kSkinnyCols = 128;
 // Rows per call of the amx path above 16 tokens, where it shares the tokens' tiles between panels (amx.cc).
 constexpr int64_t kAmxRows = 256;
-// int8 weights and bfloat16 x on VDPBF16PS: from kWidenTokens tokens, kWidenRows rows at a time widened to bfloat16
-// (16 x 4096: 128 KB, in L2) for the skinny kernel; fewer tokens widen in registers. llama-7b gate_up + down
-// against widening in registers, interleaved (AMD EPYC): 0.59-0.78x at 2-4 tokens, 0.96-1.05x at 6-12, 1.18x at 16
-// (min 1.51x), and 32 / 64 tokens 28 / 49 ms against 46 / 87.
-constexpr int64_t kWidenTokens = 16, kWidenRows = 16;
 // Elements below which a widening pass runs in the calling thread alone (waking the pool costs more).
 constexpr int64_t kSerialElements = 1 << 15;
 
@@ -82,8 +77,8 @@ struct Op {
   const IsaKernels *ik;
   const float *scale;  // int8 weights: per-row scales; nullptr: weights in dtype d
   int a_d() const { return a_dtype(d); }  // x as oneDNN's source operand
-  // the skinny kernel reads x as it is: bfloat16 x on VDPBF16PS, int8 weights widened to bfloat16 first
-  bool bf16_dot() const { return d == kBF16 && ik->skinny_bf16 && (!scale || n >= kWidenTokens); }
+  // the skinny kernel reads x as it is: bfloat16 x on VDPBF16PS (int8 weights widened to bfloat16 in registers)
+  bool bf16_dot() const { return d == kBF16 && ik->skinny_bf16; }
   const void *a() const { return d == kF16 ? static_cast<const void *>(xf) : x; }
   size_t es() const { return dtype_size(d); }
   size_t yes() const { return dtype_size(yd); }
@@ -104,14 +99,8 @@ struct Op {
       amx::rows(xv, n, k, static_cast<const int8_t *>(w_rows), rows, c, ldc, xsum);
     } else if (path == kAmx) {
       amx::rows(xv, n, k, static_cast<const uint16_t *>(w_rows), rows, c, ldc);
-    } else if (scale && bf16_dot()) {  // int8 rows widened (exactly) to bfloat16 a few at a time, kept in L2
-      thread_local std::vector<bf16> wide;
-      wide.resize(kWidenRows * k);
-      for (int64_t p = 0; p < rows; p += kWidenRows) {
-        const int64_t pr = std::min(kWidenRows, rows - p);
-        ik->widen_q8[kBF16](static_cast<const int8_t *>(w_rows) + p * k, wide.data(), pr, k);
-        ik->skinny_bf16(static_cast<const bf16 *>(x), n, k, wide.data(), pr, c + p, ldc);
-      }
+    } else if (scale && bf16_dot()) {
+      ik->skinny_bf16_q8(static_cast<const bf16 *>(x), n, k, w_rows, rows, c, ldc);
     } else if (scale) {
       ik->skinny_q8(xf, n, k, w_rows, rows, c, ldc);
     } else if (bf16_dot()) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "common.h"
 
@@ -20,7 +21,7 @@ int dtype_index(const char *name) {
   return -1;
 }
 
-#define MSW_TABLE(ns, skinny_bf16)                                                          \
+#define MSW_TABLE(ns, skinny_bf16, skinny_bf16_q8)                                                      \
   IsaKernels {                                                                              \
     #ns, {ns::fwd<float>, ns::fwd<f16>, ns::fwd<bf16>}, {ns::bwd<float>, ns::bwd<f16>, ns::bwd<bf16>}, \
         {ns::to_float<float>, ns::to_float<f16>, ns::to_float<bf16>},                       \
@@ -29,7 +30,7 @@ int dtype_index(const char *name) {
         {ns::skinny<float>, ns::skinny<f16>, ns::skinny<bf16>},                             \
         {ns::rms_norm_row<float>, ns::rms_norm_row<f16>, ns::rms_norm_row<bf16>},           \
         {ns::add<float>, ns::add<f16>, ns::add<bf16>},                                      \
-        ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}, skinny_bf16 \
+        ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}, skinny_bf16, skinny_bf16_q8 \
   }
 
 #pragma GCC push_options
@@ -76,8 +77,9 @@ namespace generic {
 }  // namespace generic
 
 namespace {
-const IsaKernels kIsas[] = {MSW_TABLE(avx512bf16, (avx512bf16::skinny<bf16, bf16>)), MSW_TABLE(avx512, nullptr),
-                             MSW_TABLE(avx2, nullptr), MSW_TABLE(generic, nullptr)};  // best first
+const IsaKernels kIsas[] = {  // best first
+    MSW_TABLE(avx512bf16, (avx512bf16::skinny<bf16, bf16>), (avx512bf16::skinny<int8_t, bf16>)),
+    MSW_TABLE(avx512, nullptr, nullptr), MSW_TABLE(avx2, nullptr, nullptr), MSW_TABLE(generic, nullptr, nullptr)};
 
 int best_isa() {
   __builtin_cpu_init();

@@ -2,6 +2,7 @@
 // one .so; the ISA is chosen at run time (the best this CPU has), so the .so loads on any x86-64.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <type_traits>

@@ -73,7 +73,7 @@ def test_int8_kernels_on_every_path_against_numpy(dtype):
     scale multiplies the float32 sum), on the automatic and every forced path, decode to prefill."""
     # the amx path's tiles cover these (k % 32, m / 2 % 16); k of 8 and of 13 tile steps (one panel chunk of 12,
     # and two: the widening prefetches past a row's end); m with a lone 16-row block in one half
-    for k, m in ((256, 96), (416, 160), (100, 38)):  # and rows in pieces of 16 with a remainder (19 per half)
+    for k, m in ((256, 96), (416, 160), (100, 38)):  # and k past the last 32-step (100), 19 rows per half
         _check_int8_kernels(dtype, k, m)
 
 

@@ -28,7 +28,8 @@ constexpr int64_t kSkinnyMax[kDtypes] = {8, 12, 16};
 // bfloat16 x where the skinny kernel has VDPBF16PS (AVX512-BF16, IsaKernels::skinny_bf16): it ran level with
 // or ahead of oneDNN up to 96 tokens (AMD EPYC, llama-7b gate_up + down, bench_linear: 32 tokens 26 ms against 33-37,
 // 64 46-48 against 50, 96 70 against 71; 128 level, 256 179 against 169); int8 weights with bfloat16 x likewise
-// (32 / 64 tokens 28 / 49 ms against oneDNN's weight decompression 30 / 51). A MoE block's experts (one thread each)
+// (32 / 64 tokens 28 / 49 ms against oneDNN's weight decompression 30 / 51, measured with the earlier widening into
+// an L2 buffer, which the in-register one beat by 1.14-1.33x at 32-64 tokens). A MoE block's experts (one thread each)
 // to 48 rows: Qwen3-30B-A3B MoeGateUpSwiglu against the swapped path, 1.95x / 1.22x faster at 32 / 48 rows per
 // expert on average, 0.82x at 64.
 constexpr int64_t kSkinnyMaxDot = 64, kSkinnyMaxDotExpert = 48;

@@ -153,7 +153,7 @@ def test_interleave_alternates_the_order_and_reports_its_effect(monkeypatch):
 
     now, ran, pauses = [0.0], [], []
     monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
-    monkeypatch.setattr(timing.time, "sleep", pauses.append)  # the pause before each call: not timed
+    monkeypatch.setattr(timing, "pause", pauses.append)  # the pause before each call: not timed
 
     def call(name, seconds):
         def run():
@@ -172,6 +172,18 @@ def test_interleave_alternates_the_order_and_reports_its_effect(monkeypatch):
     assert stats["b"]["min_s"] == pytest.approx(0.020) and stats["b"]["median_s"] == pytest.approx(0.0225)
     assert timing.interleave({"a": variants["a"]}, rounds=1, warmup=0, settle=0)["a"]["order_effect"] == 0
     assert len(pauses) == 12
+
+
+def test_the_pause_between_timed_calls_keeps_this_thread_busy():
+    """The pause spins instead of sleeping (a machine left idle runs the next call slower): CPU time ~ wall time."""
+    import time
+
+    from ms_swiglu.tools.timing import pause
+
+    wall, cpu = time.perf_counter(), time.thread_time()
+    pause(0.05)
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    assert wall >= 0.05 and cpu >= 0.5 * wall  # a sleep: ~0 (the margin: other processes)
 
 
 def test_bandwidth_probes_compute_what_they_read():

@@ -46,9 +46,19 @@ DISTURBED = 0.05
 # after a call and take the cores from whatever runs next: PyTorch's OpenMP threads for ~20 ms (the cpu MLP at
 # N=16, bfloat16: 13.1-19.1 ms right after a torch call, 8.8-9.2 ms 20 ms later or after itself), NumPy's OpenBLAS
 # threads for 2^28 cycles (the read probe right after NumPy's matmul: 46-51 ms, 32.7 ms 0.12 s later, 24.5 ms
-# 0.3 s later). The pause costs every call alike (the cpu MLP at N=16, bfloat16, 12 interleaved rounds: 10.7 ms
-# back to back, 10.9 after 20 ms, 11.8 after 0.2 s), so the ratios compare like with like.
+# 0.3 s later). The pause is busy (:func:`pause`): a machine left idle for 0.2 s runs the next call slower, and
+# not every call alike (AMD EPYC host, 3 llama-7b MLPs at one token, bfloat16 x, interleaved with the read probe,
+# two runs each: int8 weights 23.3-26.2 ms after a 0.2 s sleep against 17.3-18.8 after a 0.02-0.05 s sleep or a
+# 0.2 s busy wait, bfloat16 weights 37.4-40.5 ms against 29.1-32.6); at 16 tokens the kind of pause made no
+# difference (bfloat16 weights 47.2 / 48.1 ms after a busy pause, 48.9 / 46.9 after a sleep).
 SETTLE_S = 0.2
+
+
+def pause(seconds):
+    """Wait ``seconds`` spinning on this thread (one core; the others stay free for the threads still spinning)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 # A call ran in a slow phase of the host when a probe sampled just before it ran below this fraction of the best
@@ -117,9 +127,10 @@ def watched(variants, rounds, pids=(), retries=2, warmup=3, host=None):
 
 def interleave(variants, rounds, warmup=3, settle=SETTLE_S, host=None):
     """``{name: {"min_s", "median_s", "spread", "order_effect"}}`` for ``{name: callable}``; spread = (p90 - p10)
-    / median. Each timed call starts ``settle`` seconds after the previous one. Odd rounds run the variants in
-    reverse, so each one follows both of its neighbours: order_effect = median over reversed rounds / median over
-    forward rounds - 1 says whether a time still depends on what ran before it (0 with fewer than two rounds).
+    / median. Each timed call starts after a busy pause of ``settle`` seconds (:func:`pause`). Odd rounds run the
+    variants in reverse, so each one follows both of its neighbours: order_effect = median over reversed rounds /
+    median over forward rounds - 1 says whether a time still depends on what ran before it (0 with fewer than two
+    rounds).
     With ``host`` (:class:`HostSpeed`), sampled before each call's pause, also ``slow_calls``: the calls that ran
     in a slow phase of the host (below ``SLOW_HOST`` of the best rate seen by the end of the rounds)."""
     for call in variants.values():  # compile and warm up
@@ -132,7 +143,7 @@ def interleave(variants, rounds, warmup=3, settle=SETTLE_S, host=None):
             if host:
                 samples[name].append(host.sample())
             if settle:
-                time.sleep(settle)
+                pause(settle)
             t0 = time.perf_counter()
             variants[name]()
             times[name].append(time.perf_counter() - t0)

@@ -48,9 +48,11 @@ DISTURBED = 0.05
 # threads for 2^28 cycles (the read probe right after NumPy's matmul: 46-51 ms, 32.7 ms 0.12 s later, 24.5 ms
 # 0.3 s later). The pause is busy (:func:`pause`): a machine left idle for 0.2 s runs the next call slower, and
 # not every call alike (AMD EPYC host, 3 llama-7b MLPs at one token, bfloat16 x, interleaved with the read probe,
-# two runs each: int8 weights 23.3-26.2 ms after a 0.2 s sleep against 17.3-18.8 after a 0.02-0.05 s sleep or a
-# 0.2 s busy wait, bfloat16 weights 37.4-40.5 ms against 29.1-32.6); at 16 tokens the kind of pause made no
-# difference (bfloat16 weights 47.2 / 48.1 ms after a busy pause, 48.9 / 46.9 after a sleep).
+# one process per run: int8 weights 23.3-26.2 ms after a 0.2 s sleep (4 runs) against 17.3-18.8 after a 0.02 or
+# 0.05 s sleep or a 0.2 s busy pause (2 runs each), bfloat16 weights 37.4-40.5 ms against 29.1-32.6; through the
+# graph, bench_quant, two consecutive runs: int8 23.3 ms after a sleep, 17.0 after a busy pause, bfloat16 31.4 and
+# 32.0); at 16 tokens the kind of pause made no difference (bfloat16 weights 47.2 / 48.1 ms after a busy pause,
+# 48.9 / 46.9 after a sleep).
 SETTLE_S = 0.2
 
 

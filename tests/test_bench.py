@@ -44,6 +44,8 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
         assert set(dist) == {"other_cpu_s", "steal_s", "wall_s", "fraction", "attempts", "flagged", "slow_calls"}
         assert dist["wall_s"] > 0 and dist["attempts"] == 1 and 0 <= dist["slow_calls"] <= 1  # --retries 0
         assert dist["flagged"] == (dist["fraction"] > 0.05 or dist["slow_calls"] > 0.1)
+        graph = cell["graph_call_ms"]  # MindSpore's cost of one graph call, in the same rounds
+        assert 0 < graph["min"] <= graph["median"]
         read = cell["read_gbps_in_rounds"]  # N=1: the read probe interleaved with the variants
         assert (read is not None) == (cell["tokens"] == 1)
         if read:
@@ -59,6 +61,9 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
                 assert e["fraction_of_ceiling"] > 0 and e["fraction_of_ceiling_min"] > 0
                 assert 0 < e["fraction_of_peak"] == e["gflops"] / cell["peak_gflops"]
                 assert e["speedup_vs_baseline"] > 0 and e["speedup_vs_float32"] > 0
+                assert len(e["times_s"]) == 2 and e["paired_vs_peer"] is None  # --rounds 2, no --peer-python
+                pb = e["paired_vs_baseline"]
+                assert 0 < pb["p10"] <= pb["median"] <= pb["p90"]
                 if cell["dtype"] == "float32":
                     assert e["speedup_vs_float32"] == 1.0
     fused, base = (data["results"][2]["variants"][k]["activation_bytes"] for k in ("packed-cpu/O0", "baseline/O0"))
@@ -66,6 +71,27 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "GEMM ceiling" in r.stdout and "bench [" in r.stderr and "in the same rounds" in r.stdout
     assert "disturbance" in r.stdout and "in model" in r.stdout and r.stdout.count("order effect") == 4
+    assert r.stdout.count("cost of one graph call") == 4
+
+
+def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paired_rounds(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ms_swiglu.tools.bench_quant", "--preset", "tiny", "--tokens", "1", "4",
+                        "--layers", "1", "--rounds", "3", "--json", str(tmp_path / "q.json")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads((tmp_path / "q.json").read_text())
+    assert (data["preset"], data["hidden"], data["intermediate"], data["layers"]) == ("tiny", 64, 176, 1)
+    assert [row["tokens"] for row in data["speed"]] == [1, 4]
+    for row in data["speed"]:
+        b, q = row["bfloat16"], row["int8"]
+        # int8 weights: half the bytes of bfloat16 ones, plus a float32 scale per row (2I + H rows)
+        assert q["bytes"] == b["bytes"] // 2 + 4 * (2 * 176 + 64)
+        s = row["int8/bf16 speedup"]
+        assert s["median"] == pytest.approx(b["median_ms"] / q["median_ms"])
+        assert 0 < s["paired"]["p10"] <= s["paired"]["median"] <= s["paired"]["p90"]
+        assert ("read_probe_GB/s" in row) == (row["tokens"] == 1) == ("fraction_of_read" in q)
+        assert {"fraction", "slow_calls", "attempts", "flagged"} <= set(row["disturbance"])
+    assert r.stdout.count("paired by round") == 2
 
 
 def test_disturbance_is_the_cpu_time_of_other_processes_and_steal():
@@ -172,6 +198,32 @@ def test_interleave_alternates_the_order_and_reports_its_effect(monkeypatch):
     assert stats["b"]["min_s"] == pytest.approx(0.020) and stats["b"]["median_s"] == pytest.approx(0.0225)
     assert timing.interleave({"a": variants["a"]}, rounds=1, warmup=0, settle=0)["a"]["order_effect"] == 0
     assert len(pauses) == 12
+
+
+def test_paired_speedups_divide_the_times_of_the_same_round(monkeypatch):
+    """A slow phase of the host slows both calls of a round (a fake clock: each variant's k-th call takes a planted
+    time; round 2 is slow for both, round 4 only for b): the paired ratios are a's time over b's per round."""
+    from ms_swiglu.tools import timing
+
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(timing, "pause", lambda s: None)
+    planted = {"a": [10, 30, 10, 10, 10], "b": [8, 24, 8, 10, 8]}  # ms by round
+
+    def call(name):
+        def run():
+            now[0] += planted[name][run.k] / 1e3
+            run.k += 1
+        run.k = 0
+        return run
+
+    stats = timing.interleave({"a": call("a"), "b": call("b"), "c": call("a")}, rounds=5, warmup=0)
+    assert stats["b"]["times_s"] == pytest.approx([t / 1e3 for t in planted["b"]])  # by round, reversed ones too
+    p = timing.paired(stats, "a", "b")  # ratios 1.25, 1.25, 1.25, 1.0, 1.25; p10 0.4 of the way from 1.0 to 1.25
+    assert p["median"] == pytest.approx(1.25) and p["p10"] == pytest.approx(1.1) and p["p90"] == pytest.approx(1.25)
+    assert timing.paired(stats, "b", "a")["median"] == pytest.approx(0.8)
+    with pytest.raises(ValueError):  # rounds of different runs cannot be paired
+        timing.paired({"a": stats["a"], "b": {"times_s": [1.0]}}, "a", "b")
 
 
 def test_the_pause_between_timed_calls_keeps_this_thread_busy():

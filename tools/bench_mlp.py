@@ -12,7 +12,10 @@ same size, interleaved with the variants; the faster one), the read bandwidth (a
 2-read-1-write bandwidth (an add of two 256 MiB arrays), each by NumPy in 1 and 2 threads and by the package's
 threaded probes in the .so (NumPy's reductions hold the GIL, so its 2-thread read is no faster), the best kept,
 at the start. At N=1 the .so's read probe also joins the interleaved rounds, and the decode fraction is taken
-against it (median against median).
+against it (median against median). MindSpore's cost of one graph call (a one-op graph on one element) joins the
+rounds too: every variant's call pays it once (on the AMD EPYC host 1.0-1.5 ms after the pause between calls,
+0.2-0.3 ms back to back: the runtime's threads wake), the library's GEMM, called directly, does not, and a model
+that is one graph pays it once for all its blocks (`--model-blocks`).
 
 With --layers L every call runs L MLPs with distinct weights, so that the weights do not sit in the L3 cache
 between calls (a repeated single layer partly does where the L3 is large: 300 MiB on the Intel host measured).
@@ -34,6 +37,9 @@ forward and reversed rounds (`order effect`), so a time that depends on what ran
 Per cell: median, min and spread (p90-p10 over median) of the latency; GFLOP/s (6*N*H*I per call); for N=1 the
 GB/s of weight bytes read; the fraction of the GEMM ceiling (N >= 16) or of the read bandwidth (N=1); with
 --memory, the peak resident memory the call adds (each variant in its own process) and the activation bytes.
+`vs base` and `vs f32` are ratios of medians; `vs peer` is paired by round (tools/timing.py: paired, the peer's
+time over the variant's in the same round, median; p10 and p90 in the JSON beside `paired_vs_baseline`), which
+a slow phase of the host slows alike.
 
 Usage: ms-swiglu bench [--preset llama-7b] [--tokens 1 16 128 512] [--dtype float32] [--jit O0 O1]
                        [--variants ...] [--rounds 7] [--memory] [--json F] [--plot F.png]
@@ -53,7 +59,7 @@ from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import progress
 from ms_swiglu.runner import check_fits
 from ms_swiglu.tools.probes import add, host_probes, machine_line, peaks, read_sum
-from ms_swiglu.tools.timing import (DISTURBED, SLOW_CALLS, HostSpeed, interleave, probe_process, proc_status,
+from ms_swiglu.tools.timing import (DISTURBED, SLOW_CALLS, HostSpeed, interleave, paired, probe_process, proc_status,
                                     reset_peak_memory, watched, write_json)
 
 SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -148,7 +154,8 @@ def ceiling_calls(hidden, inter, dtypes, peers):
     """A factory of the ceiling probes at N tokens, interleaved with the variants: per dtype the GEMM
     [N,H]x[H,2I] by the package's library (its oneDNN or skinny path, no epilogue) and by PyTorch's peer (its
     oneDNN, when there is a peer); in float32 also by MindSpore's MatMul and NumPy; at N=1 the streaming read of
-    1 GiB, so that the decode fraction compares calls from the same rounds."""
+    1 GiB, so that the decode fraction compares calls from the same rounds; and MindSpore's cost of one graph call
+    (``x + 1`` on one element), which every variant's call pays and the library's GEMM, called directly, does not."""
     import mindspore as ms  # noqa: PLC0415
     from mindspore import nn, ops  # noqa: PLC0415
 
@@ -162,6 +169,11 @@ def ceiling_calls(hidden, inter, dtypes, peers):
         def construct(self, x):
             return self.mm(x, self.w)
 
+    class AddOne(nn.Cell):
+        def construct(self, x):
+            return x + 1
+
+    add_one, one = AddOne(), ms.Tensor(np.zeros((1, 1), np.float32))
     w32 = np.random.default_rng(0).standard_normal((2 * inter, hidden)).astype(np.float32)
     ws = {d: as_dtype(w32, d) for d in dtypes}
     cell, wt = (MatMul(w32), np.ascontiguousarray(w32.T)) if "float32" in dtypes else (None, None)
@@ -173,7 +185,7 @@ def ceiling_calls(hidden, inter, dtypes, peers):
     def calls(n):
         nonlocal big
         x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
-        probes = {}
+        probes = {"graph call/mindspore": lambda: add_one(one)}
         for d in dtypes:
             x, out = as_dtype(x32, d), as_dtype(np.zeros((n, 2 * inter), np.float32), d)
             probes[f"ceiling/library/{d}"] = library(x, ws[d], out, d)
@@ -320,20 +332,25 @@ def _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, key
     cell = {"preset": preset, "dtype": dtype, "tokens": n, "hidden": hidden, "inter": inter,
             "gemm_ceiling_gflops": ceil, "gemm_ceiling_median_gflops": ceil_median, "peak_gflops": peak,
             "read_gbps": read_bw, "rw_gbps": rw_bw, "read_gbps_in_rounds": read_loop, "disturbance": disturbance,
-            "variants": {}, "in_model": {}}
+            "variants": {}, "in_model": {},
+            "graph_call_ms": {k: stats["graph call/mindspore"][f"{k}_s"] * 1e3 for k in ("median", "min")}}
     for (v, j, d, kind) in keys:
         if d != dtype:
             continue
         depth = args.model_blocks if kind == "model" else args.layers
-        st = stats[f"{v}/{j}/{d}/{kind}"]
-        base = stats.get(f"baseline/{args.jit[0]}/{d}/{kind}")
+        key = f"{v}/{j}/{d}/{kind}"
+        st = stats[key]
+        base_key, peer_key = f"baseline/{args.jit[0]}/{d}/{kind}", f"peer-torch/eager/{d}/{kind}"
+        base = stats.get(base_key)
         f32 = stats.get(f"{v}/{j}/float32/{kind}")
         flops = 6 * n * hidden * inter * depth
         gflops = flops / st["median_s"] / 1e9
         entry = dict(st, gflops=gflops, activation_bytes=activation_bytes(variants().get(v), n, hidden, inter, d),
                      speedup_vs_baseline=base["median_s"] / st["median_s"] if base else None,
                      speedup_vs_float32=f32["median_s"] / st["median_s"] if f32 else None,
-                     fraction_of_peak=gflops / peak)
+                     fraction_of_peak=gflops / peak,
+                     paired_vs_baseline=paired(stats, base_key, key) if base else None,
+                     paired_vs_peer=paired(stats, peer_key, key) if peer_key in stats else None)
         if n == 1:  # median against the probe's median in the same rounds, best against best
             weight_bytes = 3 * hidden * inter * SIZE[d] * depth
             entry["weight_gbps"] = weight_bytes / st["median_s"] / 1e9
@@ -366,20 +383,23 @@ def _print_cell(cell):
     dist = cell["disturbance"]
     flag = "\n  DISTURBED: the ratios below are not reliable" if dist["flagged"] else ""
     gemms = ", ".join(f"{k} {v:.0f}" for k, v in ceil.items())
+    graph = cell["graph_call_ms"]
     print(f"\n{cell['preset']} {cell['dtype']} N={cell['tokens']}: GEMM ceiling {gemms} GFLOP/s, peak "
-          f"{cell['peak_gflops']:.0f}{read}\n  disturbance {dist['fraction']:.1%} of the CPU time (other processes "
+          f"{cell['peak_gflops']:.0f}{read}\n  MindSpore's cost of one graph call (x + 1, one element) in the same "
+          f"rounds: {graph['median']:.2f} ms (min {graph['min']:.2f}); every variant's call pays it once\n  disturbance {dist['fraction']:.1%} of the CPU time (other processes "
           f"{dist['other_cpu_s']:.2f} s, steal {dist['steal_s']:.2f} s over {dist['wall_s']:.1f} s), "
           f"{dist['slow_calls']:.0%} of the calls in a slow phase of the host; attempt {dist['attempts']}{flag}")
     print(f"  {'variant':<28} {'median ms':>10} {'min ms':>9} {'spread':>7} {'GFLOP/s':>8} {'vs base':>8} "
-          f"{'vs f32':>7} {'of ceil':>8} {'of peak':>8} {'act MB':>8} {'peak MB':>8}")
+          f"{'vs f32':>7} {'vs peer':>8} {'of ceil':>8} {'of peak':>8} {'act MB':>8} {'peak MB':>8}")
     rows = [(k, e) for k, e in cell["variants"].items()]
     rows += [(f"{k} in model", e) for k, e in cell["in_model"].items()]
     for key, e in rows:
         peak = f"{e['peak_added_bytes'] / 2**20:8.1f}" if "peak_added_bytes" in e else f"{'-':>8}"
         vs = f"{e['speedup_vs_baseline']:7.2f}x" if e["speedup_vs_baseline"] else f"{'-':>8}"
         vf = f"{e['speedup_vs_float32']:6.2f}x" if e["speedup_vs_float32"] else f"{'-':>7}"
+        vp = f"{e['paired_vs_peer']['median']:7.2f}x" if e["paired_vs_peer"] else f"{'-':>8}"
         print(f"  {key:<28} {e['median_s'] * 1e3:10.2f} {e['min_s'] * 1e3:9.2f} {e['spread']:7.2f} "
-              f"{e['gflops']:8.1f} {vs} {vf} {e['fraction_of_ceiling']:8.0%} {e['fraction_of_peak']:8.1%} "
+              f"{e['gflops']:8.1f} {vs} {vf} {vp} {e['fraction_of_ceiling']:8.0%} {e['fraction_of_peak']:8.1%} "
               f"{e['activation_bytes'] / 2**20:8.1f} {peak}", flush=True)
     key, e = max(rows, key=lambda row: abs(row[1]["order_effect"]))
     print(f"  order effect: reversed / forward rounds' median at most {e['order_effect']:+.1%} ({key})")

@@ -8,7 +8,8 @@ every layer's weights come from memory, as in a model), bfloat16 weights against
 activations bfloat16 in both; interleaved rounds with the disturbance accounting of ``tools/timing.py`` (other
 processes, steal, and the host's slow phases). At N=1 the 1 GiB read probe runs in the same rounds, and each
 variant's bytes per call (weights, and the int8 scales) over its median time is given as a fraction of the
-probe's median read bandwidth.
+probe's median read bandwidth. The speed-up is also given paired by round (``tools/timing.py: paired``):
+bfloat16's time over int8's in the same round, which a slow phase of the host slows alike.
 
 Accuracy (``--accuracy``, NumPy, float64): the MLP at the preset's shape with random weights (std 0.02) with
 outlier rows (1% of rows x20) or outlier input columns (1% of columns x20), int8 per output row (the package's
@@ -24,7 +25,7 @@ import numpy as np
 from ms_swiglu.config import preset as preset_shape, PRESETS
 from ms_swiglu.packing import dequantize_int8, quantize_int8
 from ms_swiglu.tools.probes import host_probes, machine_line, read_sum
-from ms_swiglu.tools.timing import HostSpeed, watched, write_json
+from ms_swiglu.tools.timing import HostSpeed, paired, watched, write_json
 
 READ_PROBE_FLOATS = 2**28  # 1 GiB
 
@@ -72,7 +73,8 @@ def speed(hidden, inter, tokens, layers, rounds):
             row[name] = {"median_ms": s["median_s"] * 1e3, "min_ms": s["min_s"] * 1e3, "spread": s["spread"],
                          "bytes": nbytes[name], "GB/s": nbytes[name] / s["median_s"] / 1e9}
         row["int8/bf16 speedup"] = {"median": stats["bfloat16"]["median_s"] / stats["int8"]["median_s"],
-                                    "min": stats["bfloat16"]["min_s"] / stats["int8"]["min_s"]}
+                                    "min": stats["bfloat16"]["min_s"] / stats["int8"]["min_s"],
+                                    "paired": paired(stats, "bfloat16", "int8")}
         if n == 1:
             read = big.nbytes / stats["read probe"]["median_s"] / 1e9
             row["read_probe_GB/s"] = read
@@ -90,8 +92,13 @@ def _print_row(row):
     flag = " DISTURBED" if row["disturbance"]["flagged"] else ""
     print(f"N={n:4d}  bf16 {b['median_ms']:8.2f} ms (min {b['min_ms']:.2f})  int8 {q['median_ms']:8.2f} ms "
           f"(min {q['min_ms']:.2f})  int8 speedup {row['int8/bf16 speedup']['median']:.2f}x "
-          f"(min {row['int8/bf16 speedup']['min']:.2f}x){frac}; disturbance "
+          f"(min {row['int8/bf16 speedup']['min']:.2f}x, {_paired(row['int8/bf16 speedup']['paired'])}){frac}; "
+          f"disturbance "
           f"{row['disturbance']['fraction']:.1%}, slow host {row['disturbance']['slow_calls']:.0%}{flag}", flush=True)
+
+
+def _paired(p):
+    return f"paired by round {p['median']:.2f}x, p10-p90 {p['p10']:.2f}-{p['p90']:.2f}x"
 
 
 def _quantize(w, group=0):

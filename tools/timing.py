@@ -128,11 +128,11 @@ def watched(variants, rounds, pids=(), retries=2, warmup=3, host=None):
 
 
 def interleave(variants, rounds, warmup=3, settle=SETTLE_S, host=None):
-    """``{name: {"min_s", "median_s", "spread", "order_effect"}}`` for ``{name: callable}``; spread = (p90 - p10)
-    / median. Each timed call starts after a busy pause of ``settle`` seconds (:func:`pause`). Odd rounds run the
-    variants in reverse, so each one follows both of its neighbours: order_effect = median over reversed rounds /
-    median over forward rounds - 1 says whether a time still depends on what ran before it (0 with fewer than two
-    rounds).
+    """``{name: {"min_s", "median_s", "spread", "order_effect", "times_s"}}`` for ``{name: callable}``; spread =
+    (p90 - p10) / median; times_s: the calls' times by round (for :func:`paired`). Each timed call starts after a
+    busy pause of ``settle`` seconds (:func:`pause`). Odd rounds run the variants in reverse, so each one follows
+    both of its neighbours: order_effect = median over reversed rounds / median over forward rounds - 1 says
+    whether a time still depends on what ran before it (0 with fewer than two rounds).
     With ``host`` (:class:`HostSpeed`), sampled before each call's pause, also ``slow_calls``: the calls that ran
     in a slow phase of the host (below ``SLOW_HOST`` of the best rate seen by the end of the rounds)."""
     for call in variants.values():  # compile and warm up
@@ -150,16 +150,40 @@ def interleave(variants, rounds, warmup=3, settle=SETTLE_S, host=None):
             variants[name]()
             times[name].append(time.perf_counter() - t0)
     stats = {}
-    for name, ts in times.items():
-        fwd, rev = ts[0::2], ts[1::2]
-        ts = sorted(ts)
+    for name, rounds_s in times.items():
+        fwd, rev = rounds_s[0::2], rounds_s[1::2]
+        ts = sorted(rounds_s)
         med = statistics.median(ts)
-        stats[name] = {"min_s": ts[0], "median_s": med,
-                       "spread": (ts[int(0.9 * (len(ts) - 1))] - ts[int(0.1 * (len(ts) - 1))]) / med,
-                       "order_effect": statistics.median(rev) / statistics.median(fwd) - 1 if rev else 0.0}
+        stats[name] = {"min_s": ts[0], "median_s": med, "spread": (_p90(ts) - _p10(ts)) / med,
+                       "order_effect": statistics.median(rev) / statistics.median(fwd) - 1 if rev else 0.0,
+                       "times_s": rounds_s}
         if host:
             stats[name]["slow_calls"] = sum(host.speed(rates) < SLOW_HOST for rates in samples[name])
     return stats
+
+
+def _percentile(ascending, q):
+    """The q-quantile of sorted values, linear between neighbours (so p10 <= median <= p90 for any count)."""
+    i = q * (len(ascending) - 1)
+    lo = int(i)
+    return ascending[lo] + (ascending[min(lo + 1, len(ascending) - 1)] - ascending[lo]) * (i - lo)
+
+
+def _p10(ascending):
+    return _percentile(ascending, 0.1)
+
+
+def _p90(ascending):
+    return _percentile(ascending, 0.9)
+
+
+def paired(stats, base, other):
+    """``other``'s speed-up over ``base`` round by round, from :func:`interleave`'s ``stats``: ``{"median", "p10",
+    "p90"}`` of base's time / other's time in the same round. Both calls of a round ran seconds apart, so a slow
+    phase of the host (which lasts seconds to minutes) slows both, and their ratio keeps what the ratio of the two
+    medians loses when the phases fall unevenly on the variants' slowest rounds."""
+    ratios = sorted(b / o for b, o in zip(stats[base]["times_s"], stats[other]["times_s"], strict=True))
+    return {"median": statistics.median(ratios), "p10": _p10(ratios), "p90": _p90(ratios)}
 
 
 def write_json(path, data, force=True):

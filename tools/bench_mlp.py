@@ -13,9 +13,9 @@ same size, interleaved with the variants; the faster one), the read bandwidth (a
 threaded probes in the .so (NumPy's reductions hold the GIL, so its 2-thread read is no faster), the best kept,
 at the start. At N=1 the .so's read probe also joins the interleaved rounds, and the decode fraction is taken
 against it (median against median). MindSpore's cost of one graph call (a one-op graph on one element) joins the
-rounds too: every variant's call pays it once (on the AMD EPYC host 1.0-1.5 ms after the pause between calls,
-0.2-0.3 ms back to back: the runtime's threads wake), the library's GEMM, called directly, does not, and a model
-that is one graph pays it once for all its blocks (`--model-blocks`).
+rounds too: every variant's call pays it once (on the AMD EPYC host 0.96-1.05 ms in these rounds, 0.2-0.3 ms in
+a loop of back-to-back calls: after the pause the runtime's threads wake), the library's GEMM, called directly,
+does not, and a model that is one graph pays it once for all its blocks (`--model-blocks`).
 
 With --layers L every call runs L MLPs with distinct weights, so that the weights do not sit in the L3 cache
 between calls (a repeated single layer partly does where the L3 is large: 300 MiB on the Intel host measured).
@@ -386,7 +386,8 @@ def _print_cell(cell):
     graph = cell["graph_call_ms"]
     print(f"\n{cell['preset']} {cell['dtype']} N={cell['tokens']}: GEMM ceiling {gemms} GFLOP/s, peak "
           f"{cell['peak_gflops']:.0f}{read}\n  MindSpore's cost of one graph call (x + 1, one element) in the same "
-          f"rounds: {graph['median']:.2f} ms (min {graph['min']:.2f}); every variant's call pays it once\n  disturbance {dist['fraction']:.1%} of the CPU time (other processes "
+          f"rounds: {graph['median']:.2f} ms (min {graph['min']:.2f}); every variant's call pays it once\n"
+          f"  disturbance {dist['fraction']:.1%} of the CPU time (other processes "
           f"{dist['other_cpu_s']:.2f} s, steal {dist['steal_s']:.2f} s over {dist['wall_s']:.1f} s), "
           f"{dist['slow_calls']:.0%} of the calls in a slow phase of the host; attempt {dist['attempts']}{flag}")
     print(f"  {'variant':<28} {'median ms':>10} {'min ms':>9} {'spread':>7} {'GFLOP/s':>8} {'vs base':>8} "

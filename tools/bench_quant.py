@@ -93,8 +93,8 @@ def _print_row(row):
     print(f"N={n:4d}  bf16 {b['median_ms']:8.2f} ms (min {b['min_ms']:.2f})  int8 {q['median_ms']:8.2f} ms "
           f"(min {q['min_ms']:.2f})  int8 speedup {row['int8/bf16 speedup']['median']:.2f}x "
           f"(min {row['int8/bf16 speedup']['min']:.2f}x, {_paired(row['int8/bf16 speedup']['paired'])}){frac}; "
-          f"disturbance "
-          f"{row['disturbance']['fraction']:.1%}, slow host {row['disturbance']['slow_calls']:.0%}{flag}", flush=True)
+          f"disturbance {row['disturbance']['fraction']:.1%}, slow host {row['disturbance']['slow_calls']:.0%}{flag}",
+          flush=True)
 
 
 def _paired(p):

@@ -154,7 +154,7 @@ def interleave(variants, rounds, warmup=3, settle=SETTLE_S, host=None):
         fwd, rev = rounds_s[0::2], rounds_s[1::2]
         ts = sorted(rounds_s)
         med = statistics.median(ts)
-        stats[name] = {"min_s": ts[0], "median_s": med, "spread": (_p90(ts) - _p10(ts)) / med,
+        stats[name] = {"min_s": ts[0], "median_s": med, "spread": (_percentile(ts, 0.9) - _percentile(ts, 0.1)) / med,
                        "order_effect": statistics.median(rev) / statistics.median(fwd) - 1 if rev else 0.0,
                        "times_s": rounds_s}
         if host:
@@ -169,21 +169,13 @@ def _percentile(ascending, q):
     return ascending[lo] + (ascending[min(lo + 1, len(ascending) - 1)] - ascending[lo]) * (i - lo)
 
 
-def _p10(ascending):
-    return _percentile(ascending, 0.1)
-
-
-def _p90(ascending):
-    return _percentile(ascending, 0.9)
-
-
 def paired(stats, base, other):
     """``other``'s speed-up over ``base`` round by round, from :func:`interleave`'s ``stats``: ``{"median", "p10",
     "p90"}`` of base's time / other's time in the same round. Both calls of a round ran seconds apart, so a slow
     phase of the host (which lasts seconds to minutes) slows both, and their ratio keeps what the ratio of the two
     medians loses when the phases fall unevenly on the variants' slowest rounds."""
     ratios = sorted(b / o for b, o in zip(stats[base]["times_s"], stats[other]["times_s"], strict=True))
-    return {"median": statistics.median(ratios), "p10": _p10(ratios), "p90": _p90(ratios)}
+    return {"median": statistics.median(ratios), "p10": _percentile(ratios, 0.1), "p90": _percentile(ratios, 0.9)}
 
 
 def write_json(path, data, force=True):

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "pool.h"
 
@@ -87,6 +88,15 @@ struct SkinnyTiles {
 };
 constexpr SkinnyTiles kSkinnyTiles = {12, 8, 8, 4};
 
+// One token x [k] as x[j] = (parts[j] * 2^15 + parts[k + j]) * unit + res_val[i] where res_idx[i] == j (exactly;
+// IsaKernels::split_x).
+struct SplitX {
+  std::vector<int16_t> parts;
+  double unit = 0.0;
+  std::vector<int32_t> res_idx;
+  std::vector<double> res_val;
+};
+
 // What one ISA's build of isa_*.inc provides.
 struct IsaKernels {
   const char *name;
@@ -106,6 +116,9 @@ struct IsaKernels {
   // the skinny kernel for bfloat16 x on AVX512-BF16 (VDPBF16PS), bfloat16 and int8 weights; nullptr on other ISAs
   void (*skinny_bf16)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
   void (*skinny_bf16_q8)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
+  // one token with int8 weights on AVX512-VNNI: x split for VPDPWSSD (false: the float kernel takes it), then y [m]
+  bool (*split_x)(const float *x, int64_t k, SplitX &out);
+  void (*skinny_q8_parts)(const SplitX &x, int64_t k, const void *w, int64_t m, float *y);
 };
 
 const IsaKernels &isa();        // the ISA in use

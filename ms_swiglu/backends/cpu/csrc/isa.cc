@@ -1,5 +1,6 @@
-// The vector kernels, compiled for AVX-512 with and without AVX512-BF16, AVX2 and a generic x86-64 baseline in
-// one .so; the ISA is chosen at run time (the best this CPU has), so the .so loads on any x86-64.
+// The vector kernels, compiled for AVX-512 with and without AVX512-BF16 (with AVX512-VNNI, which every CPU with
+// AVX512-BF16 has), AVX2 and a generic x86-64 baseline in one .so; the ISA is chosen at run time (the best this
+// CPU has), so the .so loads on any x86-64.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -22,7 +23,7 @@ int dtype_index(const char *name) {
   return -1;
 }
 
-#define MSW_TABLE(ns, skinny_bf16, skinny_bf16_q8)                                                      \
+#define MSW_TABLE(ns, skinny_bf16, skinny_bf16_q8, split_x, skinny_q8_parts)                             \
   IsaKernels {                                                                              \
     #ns, {ns::fwd<float>, ns::fwd<f16>, ns::fwd<bf16>}, {ns::bwd<float>, ns::bwd<f16>, ns::bwd<bf16>}, \
         {ns::to_float<float>, ns::to_float<f16>, ns::to_float<bf16>},                       \
@@ -31,17 +32,20 @@ int dtype_index(const char *name) {
         {ns::skinny<float>, ns::skinny<f16>, ns::skinny<bf16>},                             \
         {ns::rms_norm_row<float>, ns::rms_norm_row<f16>, ns::rms_norm_row<bf16>},           \
         {ns::add<float>, ns::add<f16>, ns::add<bf16>},                                      \
-        ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}, skinny_bf16, skinny_bf16_q8 \
+        ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}, skinny_bf16, skinny_bf16_q8, \
+        split_x, skinny_q8_parts                                                            \
   }
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c,avx512bf16")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c,avx512bf16,avx512vnni")
 namespace avx512bf16 {
 #define MSW_W 16
 #define MSW_DPBF16
+#define MSW_VNNI
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
 #include "isa_norm.inc"
+#undef MSW_VNNI
 #undef MSW_DPBF16
 #undef MSW_W
 }  // namespace avx512bf16
@@ -79,14 +83,16 @@ namespace generic {
 
 namespace {
 const IsaKernels kIsas[] = {  // best first
-    MSW_TABLE(avx512bf16, (avx512bf16::skinny<bf16, bf16>), (avx512bf16::skinny<int8_t, bf16>)),
-    MSW_TABLE(avx512, nullptr, nullptr), MSW_TABLE(avx2, nullptr, nullptr), MSW_TABLE(generic, nullptr, nullptr)};
+    MSW_TABLE(avx512bf16, (avx512bf16::skinny<bf16, bf16>), (avx512bf16::skinny<int8_t, bf16>), avx512bf16::split_x,
+              avx512bf16::skinny_q8_parts),
+    MSW_TABLE(avx512, nullptr, nullptr, nullptr, nullptr), MSW_TABLE(avx2, nullptr, nullptr, nullptr, nullptr),
+    MSW_TABLE(generic, nullptr, nullptr, nullptr, nullptr)};
 
 int best_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl"))
-    return __builtin_cpu_supports("avx512bf16") ? 0 : 1;
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni") ? 0 : 1;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return 2;
   return 3;
 }

@@ -82,9 +82,9 @@ struct Op {
   const IsaKernels *ik;
   const float *scale;  // int8 weights: per-row scales; nullptr: weights in dtype d
   // one token of 16-bit x with int8 weights: x split in two int16 parts for VPDPWSSD (IsaKernels::split_x; 3 cold
-  // llama-7b layers, bfloat16 x, direct calls interleaved with the float32 FMA kernel, paired by round: 1.07x,
-  // 1.06x, 1.10x on Intel Xeon with AMX, where the FMA kernel reached 77-85% of the read probe and this one
-  // 82-96%). Not float32 x: its 24-bit significands leave residuals wherever |x| < max |x| / 64.
+  // llama-7b layers, bfloat16 x, direct calls interleaved with the float32 FMA kernel, paired by round, 5 runs on
+  // an Intel Xeon with AMX: 1.05-1.10x, int8 read at 26-31 GB/s against 22-28, the read probe 30-34). Not
+  // float32 x: its 24-bit significands leave residuals wherever |x| < max |x| / 64.
   const SplitX *split = nullptr;
   int a_d() const { return a_dtype(d); }  // x as oneDNN's source operand
   // the skinny kernel reads x as it is: bfloat16 x on VDPBF16PS (int8 weights widened to bfloat16 in registers,

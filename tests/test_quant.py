@@ -100,11 +100,12 @@ def _check_int8_kernels(dtype, k, m):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_int8_one_token_of_16bit_x_over_long_rows_wide_ranges_and_non_finite_x(dtype):
     """One token of 16-bit x against int8 weights (on AVX512-VNNI: x split in two int16 parts and residuals,
-    int32 sums flushed every 8192 elements): rows of 20000 elements (two flushes and a tail); a row of -128
+    int32 sums flushed every 8192 elements): rows of 20007 elements (two flushes, and a tail past the last
+    vector of x and of the rows); a row of -128
     against x of max |x| (2^16 - 2^8) everywhere, whose int32 sums pass 2^31 without the flushes; x of O(1) with
-    1% (residuals) or 25% (beyond k / 32: the float kernel) of its elements tiny, against a row that reads only
-    those; NaN / inf in x."""
-    k, m = 20000, 27  # 8-row tiles and 3 lone rows
+    1% (residuals, the last element among them) or 25% (beyond k / 32: the float kernel) of its elements tiny,
+    against a row that reads only those; NaN and inf in x, and inf in its tail."""
+    k, m = 20007, 27  # 8-row tiles and 3 lone rows
     rng = np.random.default_rng(7)
     # tiny: below 2^-22 (bfloat16) or 2^-19 (float16) of max |x| and off the parts' grid (for float16 only with
     # max |x| >= 32: its subnormals are multiples of 2^-24)
@@ -112,10 +113,10 @@ def test_int8_one_token_of_16bit_x_over_long_rows_wide_ranges_and_non_finite_x(d
     normal = rng.standard_normal(k) * scale
     cases = {"max everywhere": (np.full(k, -65280.0), None)}
     for name, share in (("few tiny", 0.01), ("many tiny", 0.25)):
-        at = rng.random(k) < share
+        at = (rng.random(k) < share) | (np.arange(k) == k - 1)
         cases[name] = (np.where(at, tiny * normal, normal), at)
-    cases["nan"], cases["inf"] = (np.where(np.arange(k) == 9, v, normal) for v in (np.nan, np.inf))
-    cases["nan"], cases["inf"] = (cases["nan"], None), (cases["inf"], None)
+    for name, v, at in (("nan", np.nan, 9), ("inf", np.inf, 9), ("inf in the tail", np.inf, k - 2)):
+        cases[name] = (np.where(np.arange(k) == at, v, normal), None)
     for name, (x, at) in cases.items():
         q, s = quantize_int8(rng.standard_normal((m, k)) / np.sqrt(k))
         q[0], s[0] = -128, 1 / (128 * k)
@@ -130,7 +131,7 @@ def test_int8_one_token_of_16bit_x_over_long_rows_wide_ranges_and_non_finite_x(d
         x64 = from_bf16_bits(xa).astype(np.float64) if dtype == "bfloat16" else xa.astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
             z = x64 @ w64.T
-        assert np.isfinite(z).all() == (name not in ("nan", "inf")), name
+        assert np.isfinite(z).all() == (name in ("max everywhere", "few tiny", "many tiny")), name
         y = kernels.run("QLinear", xa, q, s, np.zeros((1, m), kernels.NP_DTYPES[dtype]), dtype=dtype)
         assert_close(from_bf16_bits(y) if dtype == "bfloat16" else y, z, dtype, name)
 

@@ -47,7 +47,9 @@ constexpr int64_t kSwapExpert[kDtypes][2] = {{9, 192}, {1, 0}, {5, 192}};
 // bfloat16 on AMX tiles, where the CPU has them, within this range of tokens (checked before the others): at
 // llama-7b shapes the amx path ran 1.2-1.9x faster than the skinny kernel at 4 tokens and than oneDNN at 8-16,
 // level with or ahead of oneDNN up to 256 (tools/bench_linear.py), and 1.3x faster at 512 (gate_up + down,
-// interleaved, three runs: medians 100-110 ms against 130-150); at 1024 level (1.02x median, 1.24x min).
+// interleaved, three runs: medians 100-110 ms against 130-150); at 1024 level (1.02x median, 1.24x min). int8
+// weights too, past their skinny range: oneDNN's weight decompression ran 0.55x as fast at 8 and 16 tokens
+// (3 cold llama-7b layers, Intel Xeon VM, direct calls paired).
 constexpr int64_t kAmxTokens[kDtypes][2] = {{1, 0}, {1, 0}, {3, 512}};
 // Weight rows per oneDNN call when its output goes through a float32 block first (the SwiGLU epilogue, and
 // the swapped path's transpose).

@@ -100,9 +100,9 @@ def _check_int8_kernels(dtype, k, m):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_int8_one_token_of_16bit_x_over_long_rows_wide_ranges_and_non_finite_x(dtype):
     """One token of 16-bit x against int8 weights (on AVX512-VNNI: x split in two int16 parts and residuals,
-    int32 sums flushed every 8192 elements): rows of 20007 elements (two flushes, and a tail past the last
-    vector of x and of the rows); a row of -128
-    against x of max |x| (2^16 - 2^8) everywhere, whose int32 sums pass 2^31 without the flushes; x of O(1) with
+    int32 sums flushed every 8192 elements): rows of 20007 elements (two flushes, and a tail past the last vector
+    of x and of the rows); a row of -128 against x of max |x| (2^16 - 2^8) everywhere, whose int32 sums pass 2^31
+    without the flushes; x of O(1) with
     1% (residuals, the last element among them) or 25% (beyond k / 32: the float kernel) of its elements tiny,
     against a row that reads only those; NaN and inf in x, and inf in its tail."""
     k, m = 20007, 27  # 8-row tiles and 3 lone rows
@@ -115,8 +115,8 @@ def test_int8_one_token_of_16bit_x_over_long_rows_wide_ranges_and_non_finite_x(d
     for name, share in (("few tiny", 0.01), ("many tiny", 0.25)):
         at = (rng.random(k) < share) | (np.arange(k) == k - 1)
         cases[name] = (np.where(at, tiny * normal, normal), at)
-    for name, v, at in (("nan", np.nan, 9), ("inf", np.inf, 9), ("inf in the tail", np.inf, k - 2)):
-        cases[name] = (np.where(np.arange(k) == at, v, normal), None)
+    for name, v, index in (("nan", np.nan, 9), ("inf", np.inf, 9), ("inf in the tail", np.inf, k - 2)):
+        cases[name] = (np.where(np.arange(k) == index, v, normal), None)
     for name, (x, at) in cases.items():
         q, s = quantize_int8(rng.standard_normal((m, k)) / np.sqrt(k))
         q[0], s[0] = -128, 1 / (128 * k)

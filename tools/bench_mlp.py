@@ -36,7 +36,8 @@ forward and reversed rounds (`order effect`), so a time that depends on what ran
 
 Per cell: median, min and spread (p90-p10 over median) of the latency; GFLOP/s (6*N*H*I per call); for N=1 the
 GB/s of weight bytes read; the fraction of the GEMM ceiling (N >= 16) or of the read bandwidth (N=1); with
---memory, the peak resident memory the call adds (each variant in its own process) and the activation bytes.
+--memory, the peak resident memory the call adds (each variant in its own process, one per CPU at a time) and
+the activation bytes.
 `vs base` and `vs f32` are ratios of medians; `vs peer` is paired by round (tools/timing.py: paired, the peer's
 time over the variant's in the same round, median; p10 and p90 in the JSON beside `paired_vs_baseline`), which
 a slow phase of the host slows alike.
@@ -203,6 +204,9 @@ def ceiling_calls(hidden, inter, dtypes, peers):
     return calls
 
 
+PROBES_AT_ONCE = len(os.sched_getaffinity(0))  # memory probe processes
+
+
 def memory_probe(variant, hidden, inter, dtype, n):
     """In a fresh process: the peak resident bytes one call at N tokens adds, after compiling at N=1."""
     import mindspore as ms  # noqa: PLC0415
@@ -220,9 +224,18 @@ def memory_probe(variant, hidden, inter, dtype, n):
     return proc_status("VmHWM") - rss0
 
 
-def _memory(variant, hidden, inter, dtype, n):
-    return int(probe_process("ms_swiglu.tools.bench_mlp", [variant, hidden, inter, dtype, n],
-                             f"memory probe {variant} N={n}", timeout=1800))
+def _memories(args, names, hidden, inter, dtype, n):
+    """With --memory, ``{variant: memory_probe(...)}`` for the package's variants among ``names``, one process
+    each, as many at once as there are CPUs (after the timed rounds; each process's peak is its own)."""
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    def probe(v):
+        return int(probe_process("ms_swiglu.tools.bench_mlp", [v, hidden, inter, dtype, n],
+                                 f"memory probe {v} N={n}", timeout=1800))
+
+    names = [v for v in names if args.memory and v in variants()]
+    with ThreadPoolExecutor(PROBES_AT_ONCE) as pool:
+        return dict(zip(names, pool.map(probe, names)))
 
 
 class TorchPeer:
@@ -334,6 +347,8 @@ def _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, key
             "read_gbps": read_bw, "rw_gbps": rw_bw, "read_gbps_in_rounds": read_loop, "disturbance": disturbance,
             "variants": {}, "in_model": {},
             "graph_call_ms": {k: stats["graph call/mindspore"][f"{k}_s"] * 1e3 for k in ("median", "min")}}
+    memory = _memories(args, [v for (v, j, d, kind) in keys if d == dtype and kind != "model" and j == args.jit[0]],
+                       hidden, inter, dtype, n)
     for (v, j, d, kind) in keys:
         if d != dtype:
             continue
@@ -363,8 +378,8 @@ def _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, key
             entry["per_block_ms"] = st["median_s"] * 1e3 / depth
             cell["in_model"][f"{v}/{j}"] = entry
         else:
-            if args.memory and j == args.jit[0] and v in variants():
-                entry["peak_added_bytes"] = _memory(v, hidden, inter, d, n)
+            if j == args.jit[0] and v in memory:
+                entry["peak_added_bytes"] = memory[v]
             cell["variants"][f"{v}/{j}"] = entry
     return cell
 
@@ -505,7 +520,8 @@ def _check(args):
     depth = args.layers + args.model_blocks  # MLPs per variant and dtype; the peer holds as many, the ceiling one
     per_dtype = 3 * hidden * inter * depth * (len(args.variants) * len(args.jit) + bool(args.peer_python))
     weights = sum(SIZE[d] * (per_dtype + 2 * hidden * inter * (1 + bool(args.peer_python))) for d in args.dtype)
-    check_fits("bench", weights + 4 * max(args.tokens) * (2 * hidden + 3 * inter) * 3)
+    probes = PROBES_AT_ONCE * 3 * hidden * inter * max(SIZE[d] for d in args.dtype) if args.memory else 0
+    check_fits("bench", weights + probes + 4 * max(args.tokens) * (2 * hidden + 3 * inter) * 3)
 
 
 if __name__ == "__main__":

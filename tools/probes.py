@@ -40,16 +40,19 @@ def add(a, b, out):
 
 def peaks(threads=None, seconds=0.2):
     """The machine's compute peaks in GFLOP/s, from in-register loops on ``threads`` threads (default: every CPU
-    this process may use): ``{"fma_float32": ..., "avx512_bfloat16": ..., "amx_bfloat16": ...}`` (None where the
-    CPU lacks the instructions: VDPBF16PS, AMX)."""
+    this process may use), the best of three calls of about ``seconds`` each: ``{"fma_float32": ...,
+    "avx512_bfloat16": ..., "amx_bfloat16": ...}`` (None where the CPU lacks the instructions: VDPBF16PS, AMX)."""
     threads = threads or len(os.sched_getaffinity(0))
     out = {}
     for key, fn, flops_per_iteration in (("fma_float32", _lib().probe_fma_peak, 12 * 16 * 2),
                                          ("avx512_bfloat16", _lib().probe_dpbf16_peak, 12 * 16 * 2 * 2),
                                          ("amx_bfloat16", _lib().probe_amx_peak, 6 * 16 * 16 * 32 * 2)):
-        fn(threads, 1000)  # warm up (and the AMX permission)
-        iterations = max(1000, int(seconds * 2e12 / flops_per_iteration / threads))
-        best = max(fn(threads, iterations) for _ in range(3))
+        iterations, rate = 1000, fn(threads, 1000)  # warm up (and the AMX permission)
+        while 0 < rate and iterations * flops_per_iteration * threads < seconds * rate / 16:
+            iterations *= 4  # until a call takes seconds / 16: its rate then sizes the timed calls
+            rate = fn(threads, iterations)
+        iterations = max(iterations, int(seconds * rate / flops_per_iteration / threads))
+        best = max(fn(threads, iterations) for _ in range(3)) if rate > 0 else rate
         out[key] = best / 1e9 if best > 0 else None
     return out
 

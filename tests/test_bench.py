@@ -76,7 +76,7 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
 
 def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paired_rounds(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ms_swiglu.tools.bench_quant", "--preset", "tiny", "--tokens", "1", "4",
-                        "--layers", "1", "--rounds", "3", "--json", str(tmp_path / "q.json")],
+                        "--layers", "1", "--rounds", "3", "--accuracy", "--json", str(tmp_path / "q.json")],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads((tmp_path / "q.json").read_text())
@@ -92,6 +92,23 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
         assert ("read_probe_GB/s" in row) == (row["tokens"] == 1) == ("fraction_of_read" in q)
         assert {"fraction", "slow_calls", "attempts", "flagged"} <= set(row["disturbance"])
     assert r.stdout.count("paired by round") == 2
+    # per output row only: groups of 128 divide neither H=64 nor I=176
+    assert [(a["outliers"], a["scales"]) for a in data["accuracy"]] == [("rows", "per output row"),
+                                                                       ("columns", "per output row")]
+    assert all(a["max_rel"] >= a["mean_rel"] > 0 and a["frobenius_rel"] > 0 for a in data["accuracy"])
+
+
+def test_bench_quant_accuracy_compares_groups_of_128_where_they_divide():
+    import numpy as np
+
+    from ms_swiglu.tools.bench_quant import _quantize, accuracy
+
+    rows = {(a["outliers"], a["scales"]): a for a in accuracy(256, 384, tokens=4)}
+    assert set(rows) == {(o, s) for o in ("rows", "columns") for s in ("per output row", "per group of 128")}
+    # outlier input columns widen every row's range; a group without one keeps its own, finer scale
+    assert rows["columns", "per group of 128"]["frobenius_rel"] < rows["columns", "per output row"]["frobenius_rel"]
+    w = np.array([[127.0] * 128 + [12700.0] * 128])  # two groups 100x apart: scales 1 and 100, each exact
+    assert np.array_equal(_quantize(w, 128), w) and not np.array_equal(_quantize(w), w)
 
 
 def test_disturbance_is_the_cpu_time_of_other_processes_and_steal():

@@ -13,8 +13,8 @@ bfloat16's time over int8's in the same round, which a slow phase of the host sl
 
 Accuracy (``--accuracy``, NumPy, float64): the MLP at the preset's shape with random weights (std 0.02) with
 outlier rows (1% of rows x20) or outlier input columns (1% of columns x20), int8 per output row (the package's
-format) and, for comparison, per group of 128 along the input where 128 divides H and I: max and mean relative error of the output (to
-each row's max |y|) and the relative Frobenius error, against the float32 weights.
+format) and, for comparison, per group of 128 along the input where 128 divides H and I: max and mean relative
+error of the output (to each row's max |y|) and the relative Frobenius error, against the float32 weights.
 """
 import argparse
 import json

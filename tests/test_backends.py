@@ -102,7 +102,7 @@ def test_the_tuning_table_is_what_the_paths_follow():
                 else:
                     want = "onednn"
                 got = kernels.path(dtype, n, quant)
-                assert got == want or (got == "skinny" and dtype == "float16"), (dtype, n, quant, got)  # float16: CPU
+                assert got == want, (dtype, n, quant, got)
     assert kernels.path("bfloat16", 4, "int8") == "skinny"  # where the int8 table differs from the 16-bit one
     assert kernels.path("bfloat16", 4) == ("amx" if table["amx_available"] else "skinny")
 

@@ -58,7 +58,7 @@ def test_skinny_tiles_and_tails(dtype, swiglu, skinny_only):
             _check_kernel(n, k, m, dtype, swiglu, seed=n * k + m)
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])  # (the best, avx512bf16 here, runs every other test)
+@pytest.mark.parametrize("isa", kernels.isas())  # every ISA this CPU runs (the best also runs every other test)
 def test_skinny_every_isa(isa, skinny_only):
     best = kernels.isa()
     try:
@@ -71,9 +71,15 @@ def test_skinny_every_isa(isa, skinny_only):
 
 
 def test_the_best_isa_of_this_cpu():
-    # bfloat16 weights take the VDPBF16PS skinny kernel where the CPU has AVX512-BF16 (the suite expects AVX-512)
-    flags = open("/proc/cpuinfo").read().split()
-    assert kernels.isa() == ("avx512bf16" if "avx512_bf16" in flags else "avx512")
+    # the kernels' builds, best first, against the CPU's flags as the kernel reports them (bfloat16 weights take the
+    # VDPBF16PS skinny kernel where the CPU has AVX512-BF16 and AVX512-VNNI)
+    flags = set(open("/proc/cpuinfo").read().split())
+    builds = [("avx512bf16", {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}),
+              ("avx512", {"avx512f", "avx512bw", "avx512vl"}), ("avx2", {"avx2", "fma", "f16c"}), ("generic", set())]
+    runs = tuple(name for name, needs in builds if needs <= flags)
+    assert kernels.isas() == runs and kernels.isa() == runs[0]
+    with pytest.raises(ValueError, match="expected one of"):
+        kernels.set_isa("sse9")
     with kernels.forced_path("skinny"):
         _check_kernel(16, 4096, 40, "bfloat16", True)  # a model's k: float32 sums of 4096 products
 
@@ -81,6 +87,11 @@ def test_the_best_isa_of_this_cpu():
 def _has_fp16_matmul():
     flags = open("/proc/cpuinfo").read().split()
     return "avx512_fp16" in flags or "avx_vnni_int8" in flags  # oneDNN's float16 matmul: AVX512-FP16 or AVX2-VNNI-2
+
+
+def _has_bf16_matmul():
+    flags = open("/proc/cpuinfo").read().split()
+    return "avx512bw" in flags or "avx_vnni_int8" in flags  # oneDNN's bfloat16 matmul: AVX-512 core or AVX2-VNNI-2
 
 
 @pytest.mark.parametrize("dtype", list(kernels.NP_DTYPES))
@@ -116,17 +127,24 @@ def test_more_token_counts_than_the_matmul_cache_holds():
 
 
 def test_default_paths():
-    # measured crossovers (tools/bench_linear.py): skinny for decode, swapped oneDNN in the middle, oneDNN above
-    assert kernels.path("float16", 100) == ("onednn" if _has_fp16_matmul() else "skinny")
+    # measured crossovers (tools/bench_linear.py): skinny for decode, swapped oneDNN in the middle, oneDNN above.
+    # 16-bit weights that oneDNN has no matmul for on this CPU go to it widened to float32, on float32's crossovers.
+    widened = {"float32": False, "float16": not _has_fp16_matmul(), "bfloat16": not _has_bf16_matmul()}
+    assert kernels.tuning()["onednn_float32_for"] == widened
+    assert kernels.path("float16", 100) == ("onednn-swapped" if widened["float16"] else "onednn")
     for dtype, n, expected in (("float32", 1, "skinny"), ("float32", 8, "skinny"), ("float32", 9, "onednn-swapped"),
                                ("float32", 192, "onednn-swapped"), ("float32", 193, "onednn"),
                                ("bfloat16", 2, "skinny"), ("float16", 12, "skinny")):
         assert kernels.path(dtype, n) == expected, (dtype, n)
     amx = kernels.tuning()["amx_available"]  # bfloat16 on AMX tiles from 3 to 512 tokens, where the CPU has them
     dot = kernels.tuning()["skinny_max_tokens"]["bfloat16"] == 64  # else a CPU without AVX512-BF16: 16
-    for n, expected in ((3, "amx" if amx else "skinny"), (16, "amx" if amx else "skinny"),
-                        (17, "amx" if amx else "skinny" if dot else "onednn"),
-                        (65, "amx" if amx else "onednn"), (512, "amx" if amx else "onednn"), (513, "onednn")):
+    if widened["bfloat16"]:  # (no AMX either)
+        cases = ((12, "skinny"), (13, "onednn-swapped"), (192, "onednn-swapped"), (193, "onednn"), (512, "onednn"))
+    else:
+        cases = ((3, "amx" if amx else "skinny"), (16, "amx" if amx else "skinny"),
+                 (17, "amx" if amx else "skinny" if dot else "onednn"),
+                 (65, "amx" if amx else "onednn"), (512, "amx" if amx else "onednn"), (513, "onednn"))
+    for n, expected in cases:
         assert kernels.path("bfloat16", n) == expected, ("bfloat16", n)
     with kernels.forced_path("onednn"):
         assert kernels.path("float32", 1) == "onednn"

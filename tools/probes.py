@@ -41,10 +41,12 @@ def add(a, b, out):
 def peaks(threads=None, seconds=0.2):
     """The machine's compute peaks in GFLOP/s, from in-register loops on ``threads`` threads (default: every CPU
     this process may use), the best of three calls of about ``seconds`` each: ``{"fma_float32": ...,
-    "avx512_bfloat16": ..., "amx_bfloat16": ...}`` (None where the CPU lacks the instructions: VDPBF16PS, AMX)."""
+    "avx512_bfloat16": ..., "amx_bfloat16": ...}`` (None where the CPU lacks the instructions: VDPBF16PS, AMX; the
+    FMAs are AVX-512's, else AVX2's)."""
     threads = threads or len(os.sched_getaffinity(0))
+    fma_lanes = 16 if "avx512f" in machine()["flags"] else 8
     out = {}
-    for key, fn, flops_per_iteration in (("fma_float32", _lib().probe_fma_peak, 12 * 16 * 2),
+    for key, fn, flops_per_iteration in (("fma_float32", _lib().probe_fma_peak, 12 * fma_lanes * 2),
                                          ("avx512_bfloat16", _lib().probe_dpbf16_peak, 12 * 16 * 2 * 2),
                                          ("amx_bfloat16", _lib().probe_amx_peak, 6 * 16 * 16 * 32 * 2)):
         iterations, rate = 1000, fn(threads, 1000)  # warm up (and the AMX permission)

@@ -1,6 +1,7 @@
 // The benchmarks' ceilings (not part of the package's kernels): a parallel streaming read (a sum) and a
 // 2-read-1-write add, the read compiled for AVX-512, AVX2 and generic x86-64, chosen by name; and the physical
-// compute peaks: float32 FMA (AVX-512) and bfloat16 AMX (TDPBF16PS), each from an in-register loop on every thread.
+// compute peaks: float32 FMA (AVX-512, else AVX2), bfloat16 VDPBF16PS and AMX (TDPBF16PS), each from an in-register
+// loop on every thread.
 // Each call starts its threads and joins them before it returns: no thread of a probe outlives it (OpenMP's
 // workers, which the probes used before, kept spinning after a parallel region and slowed the variant timed right
 // after the read probe: int8 decode 17.8 ms after it against 13.9 ms after the bfloat16 MLP, interleaved).
@@ -86,6 +87,22 @@ __attribute__((target("avx512f"))) float fma_loop(int64_t iterations) {
   return sink;
 }
 
+// The same on AVX2 (8 lanes), for a CPU without AVX-512.
+__attribute__((target("avx2,fma"))) float fma_loop_avx2(int64_t iterations) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(float(i) * 1e-3f);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  alignas(32) float lanes[8];
+  float sink = 0.0f;
+  for (int i = 0; i < 12; ++i) {
+    _mm256_store_ps(lanes, acc[i]);
+    for (float v : lanes) sink += v;
+  }
+  return sink;
+}
+
 // One thread's AVX512-BF16 dot products (VDPBF16PS: 16 lanes x 2 bfloat16 products, float32 sums), the bfloat16
 // GEMM's limit where the CPU has no AMX: 12 independent accumulators, as fma_loop.
 __attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop(int64_t iterations) {
@@ -159,10 +176,12 @@ double loop_rate(int threads, int64_t iterations, float (*loop)(int64_t), double
   return sinks[0] == 12345.0f ? 0.0 : double(threads) * iterations * flops / s;
 }
 
-// float32 FLOP/s of AVX-512 FMAs on `threads` threads.
+// float32 FLOP/s of FMAs on `threads` threads: AVX-512 (12 x 16 x 2 FLOP per iteration), else AVX2 (12 x 8 x 2);
+// -1 where the CPU has neither.
 double probe_fma_peak(int threads, int64_t iterations) {
-  if (!__builtin_cpu_supports("avx512f")) return -1.0;
-  return loop_rate(threads, iterations, fma_loop, 12 * 16 * 2);
+  if (__builtin_cpu_supports("avx512f")) return loop_rate(threads, iterations, fma_loop, 12 * 16 * 2);
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return -1.0;
+  return loop_rate(threads, iterations, fma_loop_avx2, 12 * 8 * 2);
 }
 
 // bfloat16 FLOP/s of AVX512-BF16 VDPBF16PS on `threads` threads; -1 where the CPU lacks it.

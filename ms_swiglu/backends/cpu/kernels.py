@@ -39,7 +39,8 @@ def library_path():
 @functools.cache
 def _lib():
     lib = ctypes.CDLL(library_path())
-    for name in ("msw_isa", "msw_onednn", "msw_dtype_name", "msw_path_name", "msw_tuning", "msw_op_name"):
+    for name in ("msw_isa", "msw_isa_name", "msw_onednn", "msw_dtype_name", "msw_path_name", "msw_tuning",
+                 "msw_op_name"):
         getattr(lib, name).restype = ctypes.c_char_p
     lib.msw_set_isa.argtypes = [ctypes.c_char_p]
     lib.msw_onednn.argtypes = [ctypes.c_char_p]
@@ -141,11 +142,16 @@ def isa():
     return _lib().msw_isa().decode()
 
 
+@functools.cache
+def isas():
+    """The instruction sets this CPU runs the kernels on, best first (the first is the default :func:`isa`)."""
+    return _names(_lib().msw_isa_name)
+
+
 def set_isa(name):
     """Force a lower instruction set (a diagnostic); raises when the CPU lacks it."""
     if _lib().msw_set_isa(name.encode()) != 0:
-        raise ValueError(f"isa: expected one of 'avx512bf16', 'avx512', 'avx2', 'generic' supported by this CPU, "
-                         f"got {name!r}")
+        raise ValueError(f"isa: expected one of {isas()} (the ones this CPU runs), got {name!r}")
 
 
 def run(op, *arrays, dtype):

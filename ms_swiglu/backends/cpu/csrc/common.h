@@ -123,5 +123,6 @@ struct IsaKernels {
 
 const IsaKernels &isa();        // the ISA in use
 int set_isa(const char *name);  // 0, or -1 when unknown or not supported by this CPU
+const char *isa_name(int i);    // the i-th ISA this CPU runs, best first; nullptr past the last
 
 }  // namespace msw

@@ -54,6 +54,11 @@ constexpr int64_t kAmxTokens[kDtypes][2] = {{1, 0}, {1, 0}, {3, 512}};
 // Weight rows per oneDNN call when its output goes through a float32 block first (the SwiGLU epilogue, and
 // the swapped path's transpose).
 constexpr int64_t kBlockRows = 1024;
+// The same where 16-bit weights are widened to float32 for oneDNN first (Op::w_d), so that a block's float32 rows
+// stay in the L3 (11 MB at k = 11008). bfloat16 llama-7b MLP on an AVX2 AMD EPYC (L3 32 MB), direct calls
+// interleaved, paired against 1024 rows: 1.17x / 1.10x / 1.08x / 1.00x / 0.97x at 32 / 64 / 128 / 256 / 512 tokens
+// (512 rows: 1.12x at 64, 0.95x at 512).
+constexpr int64_t kWideRows = 256;
 // Rows of the skinny kernel's output block per thread step (linear, gate_up_swiglu): long enough for its decode
 // read streams (isa_linear.inc) to run through several rows each (64 and 32 ran 1.06-1.1x slower at one token).
 // The blocks are handed out one at a time rather than split in halves, so that a thread that starts late (a worker
@@ -68,15 +73,30 @@ constexpr int64_t kSerialElements = 1 << 15;
 
 std::atomic<int> g_forced{-1};
 
-// The dtype oneDNN reads x in: float16 goes in widened (float32 x float16 weights ran 1.05-1.4x faster than
-// float16 x float16 here at 64-128 tokens; every product is exact either way)
-int a_dtype(int d) { return d == kF16 ? kF32 : d; }
+// The dtype oneDNN multiplies weights of dtype d in: d itself or, where this oneDNN and CPU have no matmul for d
+// (16-bit without AVX-512: oneDNN 3.10.1 on an AVX2 AMD EPYC has neither bfloat16 nor float16), float32, with x
+// and each block of weight rows widened first (exactly); -1: none. bfloat16 llama-7b gate_up + down on that host
+// (bench_linear), the skinny kernel (FMA on widened rows) 84-87 GFLOP/s at 16-256 tokens, oneDNN float32 141-152.
+int w_dtype(int d) { return onednn::takes(d) ? d : d != kF32 && onednn::takes(kF32) ? kF32 : -1; }
+
+// The dtype oneDNN reads x in: float32 where the weights are widened to it, and float16 goes in widened
+// (float32 x float16 weights ran 1.05-1.4x faster than float16 x float16 here at 64-128 tokens; every product is
+// exact either way)
+int a_dtype(int d) { return d == kF16 || w_dtype(d) == kF32 ? kF32 : d; }
+
+// Whether oneDNN takes 16-bit weights of dtype d only widened to float32: then the float32 rows of the tuning
+// table's swapped ranges hold, and the skinny kernel keeps kSkinnyMaxWidened tokens (bench_linear, 5 rounds,
+// AVX2 AMD EPYC, llama-7b gate_up + down, bfloat16 / float16: 12 tokens skinny 39.6 / 39.1 ms against swapped
+// 48.3 / 47.7, 16 49.7 / 47.9 against 45.4 / 44.3, 24 77.6 / 76.4 against 60.4 / 61.6, 48 150 / 155 against
+// 97 / 100).
+bool widened(int d) { return d != kF32 && w_dtype(d) == kF32; }
+constexpr int64_t kSkinnyMaxWidened = 12;
 
 // A call on its path: x as float32 (x itself for float32) where the path reads float32.
 struct Op {
   int d, yd;  // the dtype of x and w, of y
   const void *x;
-  const float *xf;  // the skinny kernel reads float32 x; oneDNN reads float16 x widened (see a())
+  const float *xf;  // the skinny kernel reads float32 x; oneDNN reads float16 x widened (see a_d())
   const uint16_t *xv;  // the amx path reads x as B tiles (amx::to_vnni)
   const float *xsum;  // and, with int8 weights, each token's sum over k (amx::q8_sums)
   int64_t n, k;
@@ -89,11 +109,15 @@ struct Op {
   // float32 x: its 24-bit significands leave residuals wherever |x| < max |x| / 64.
   const SplitX *split = nullptr;
   int a_d() const { return a_dtype(d); }  // x as oneDNN's source operand
+  int w_d() const { return w_dtype(d); }  // the weights as oneDNN's operand (int8: widened to it)
+  int sx_d() const { return w_d() == d ? d : kF32; }  // x as the swapped path's weights operand
+  int64_t block_rows() const { return !scale && widened(d) ? kWideRows : kBlockRows; }
   // the skinny kernel reads x as it is: bfloat16 x on VDPBF16PS (int8 weights widened to bfloat16 in registers,
   // from 2 tokens: at one the float32 FMA kernel ran faster in 8 of 11 interleaved runs, 0.92-1.21x, median 1.04x,
   // llama-7b gate_up + down, AMD EPYC)
   bool bf16_dot() const { return d == kBF16 && ik->skinny_bf16 && (!scale || n > 1); }
-  const void *a() const { return d == kF16 ? static_cast<const void *>(xf) : x; }
+  const void *as(int xd) const { return xd == d ? x : static_cast<const void *>(xf); }  // x in dtype xd
+  const void *a() const { return as(a_d()); }
   size_t es() const { return dtype_size(d); }
   size_t yes() const { return dtype_size(yd); }
   size_t ws() const { return scale ? 1 : es(); }  // bytes per weight
@@ -141,22 +165,28 @@ void store_transposed(const Op &op, const float *ct, int64_t cols, void *y, int6
 
 // c = (x w[r0 : r0 + rows]^T) [n, rows] into c (ldc), or swapped, c^T = w[r0 : r0 + rows] x^T [rows, n];
 // float32. int8 weights: not swapped, through oneDNN's weight decompression where it has it (path() keeps them
-// off the swapped path then); else widened (exactly) to dtype d, the whole block of rows at once, for oneDNN.
+// off the swapped path then); else, and 16-bit weights oneDNN has no matmul for, widened (exactly) to the dtype
+// oneDNN takes (Op::w_d), the whole block of rows at once.
 bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) {
+  const int wd = op.w_d();
   auto gemm = [&](const void *w_rows, int64_t m, float *cm) {
-    return swap ? onednn::gemm(op.d, w_rows, m, op.d, op.x, op.n, op.k, kF32, cm, op.n)
-                : onednn::gemm(op.a_d(), op.a(), op.n, op.d, w_rows, m, op.k, kF32, cm, ldc);
+    return swap ? onednn::gemm(wd, w_rows, m, op.sx_d(), op.as(op.sx_d()), op.n, op.k, kF32, cm, op.n)
+                : onednn::gemm(op.a_d(), op.a(), op.n, wd, w_rows, m, op.k, kF32, cm, ldc);
   };
-  if (!op.scale) return gemm(op.row(w, r0), rows, c);
-  if (!swap && onednn::takes_q8(op.a_d()))
+  if (!op.scale && wd == op.d) return gemm(op.row(w, r0), rows, c);
+  if (op.scale && !swap && onednn::takes_q8(op.a_d()))
     return onednn::gemm_q8(op.a_d(), op.a(), op.n, reinterpret_cast<const int8_t *>(op.row(w, r0)), op.scale + r0,
                            rows, op.k, kF32, c, ldc);
   thread_local std::vector<char> wide;  // grown once per calling thread (no page faults per call)
-  wide.resize(std::max(wide.size(), size_t(rows * op.k * op.es())));
+  const size_t wes = dtype_size(wd);
+  wide.resize(std::max(wide.size(), size_t(rows * op.k * wes)));
   char *buf = wide.data();  // (the pool's threads have their own `wide`)
   parallel_ranges(rows, [&](int64_t i0, int64_t i1) {
-    op.ik->widen_q8[op.d](reinterpret_cast<const int8_t *>(op.row(w, r0 + i0)), buf + i0 * op.k * op.es(), i1 - i0,
-                          op.k);
+    char *to = buf + i0 * op.k * wes;
+    if (op.scale)
+      op.ik->widen_q8[wd](reinterpret_cast<const int8_t *>(op.row(w, r0 + i0)), to, i1 - i0, op.k);
+    else
+      op.ik->to_float[op.d](op.row(w, r0 + i0), reinterpret_cast<float *>(to), (i1 - i0) * op.k);
   }, kSerialElements / std::max<int64_t>(op.k, 1));
   if (!gemm(buf, rows, c)) return false;
   op.rescale(r0, rows, c, swap ? op.n : ldc, swap);
@@ -187,7 +217,8 @@ bool run(const Linear &call, int64_t rows, const Body &body) {
     op.xsum = xsum.data();
   }
   std::vector<float> xf;
-  if (op.d != kF32 && ((op.path == kSkinny && !op.bf16_dot()) || (op.path == kOnednn && op.d == kF16))) {
+  const bool onednn_f32 = (op.path == kOnednn && op.a_d() == kF32) || (op.path == kSwapped && op.sx_d() == kF32);
+  if (op.d != kF32 && ((op.path == kSkinny && !op.bf16_dot()) || onednn_f32)) {
     xf.resize(op.n * op.k);
     parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t)
@@ -204,6 +235,7 @@ bool run(const Linear &call, int64_t rows, const Body &body) {
 
 // The skinny kernel's range of tokens for dtype d on this CPU (the VDPBF16PS one's where it is in use).
 int64_t skinny_max(int d, bool expert) {
+  if (widened(d)) return kSkinnyMaxWidened;
   if (d != kBF16 || !isa().skinny_bf16) return kSkinnyMax[d];
   return expert ? kSkinnyMaxDotExpert : kSkinnyMaxDot;
 }
@@ -212,14 +244,15 @@ int64_t skinny_max(int d, bool expert) {
 
 Path path(int d, int64_t n, bool expert, bool q8) {
   const int forced = g_forced;
-  const int64_t *swap = expert ? kSwapExpert[d] : kSwap[d];
+  const int ts = widened(d) ? kF32 : d;  // the tuning of the dtype oneDNN computes in
+  const int64_t *swap = expert ? kSwapExpert[ts] : kSwap[ts];
   const Path p = forced >= 0 ? Path(forced)
                  : q8 && n <= kSkinnyMaxQ8[d] ? kSkinny
                  : n >= kAmxTokens[d][0] && n <= kAmxTokens[d][1] && amx::available() ? kAmx
                  : n <= skinny_max(d, expert) ? kSkinny
                  : n >= swap[0] && n <= swap[1] ? kSwapped : kOnednn;
   if (p == kAmx) return d == kBF16 && amx::available() ? kAmx : kSkinny;
-  if (p == kSkinny || !onednn::takes(d)) return kSkinny;
+  if (p == kSkinny || w_dtype(d) < 0) return kSkinny;
   // int8 weights: oneDNN's weight decompression, which takes them as the weights operand only, instead of the
   // int8 rows widened for oneDNN first (llama-7b gate_up, 16 / 128 / 512 tokens, AMD EPYC, 2 threads: float32
   // 22.3 / 111 / 431 ms against 34.5 / 148 / 568 swapped and widened; bfloat16 1.15x / 1.07x / 1.01x faster
@@ -245,8 +278,14 @@ std::string tuning_json() {
       s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + std::to_string(tokens[d]);
     s += "}";
   }
+  int64_t swapped[kDtypes][2], swapped_expert[kDtypes][2];  // as path() takes them: float32's where d is widened
+  for (int d = 0; d < kDtypes; ++d)
+    for (int i = 0; i < 2; ++i) {
+      swapped[d][i] = kSwap[widened(d) ? kF32 : d][i];
+      swapped_expert[d][i] = kSwapExpert[widened(d) ? kF32 : d][i];
+    }
   const std::pair<const char *, const int64_t(*)[2]> rows[] = {
-      {"amx_tokens", kAmxTokens}, {"swapped_tokens", kSwap}, {"swapped_tokens_expert", kSwapExpert}};
+      {"amx_tokens", kAmxTokens}, {"swapped_tokens", swapped}, {"swapped_tokens_expert", swapped_expert}};
   for (const auto &[key, swap] : rows) {
     s += std::string(", \"") + key + "\": {";
     for (int d = 0; d < kDtypes; ++d) {
@@ -260,6 +299,9 @@ std::string tuning_json() {
   for (int d = 0; d < kDtypes; ++d)
     s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " +
          (onednn::takes_q8(a_dtype(d)) ? "true" : "false");
+  s += "}, \"onednn_float32_for\": {";  // 16-bit weights oneDNN takes only widened to float32, by dtype
+  for (int d = 0; d < kDtypes; ++d)
+    s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + (widened(d) ? "true" : "false");
   s += std::string("}, \"amx_available\": ") + (amx::available() ? "true" : "false");
   s += ", \"block_rows\": " + std::to_string(kBlockRows);
   s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(kSkinnyTiles.rows_16bit_1) +
@@ -271,13 +313,14 @@ std::string tuning_json() {
 
 bool linear(const Linear &call, const void *w, int64_t m, void *y) {
   return run(call, m, [&](const Op &op) {
-    if (op.path == kOnednn && !op.scale) return onednn::gemm(op.a_d(), op.a(), op.n, op.d, w, m, op.k, op.yd, y, m);
-    if (op.path == kOnednn && onednn::takes_q8(op.a_d()) &&  // (else through a float32 block: y's dtype)
+    if (op.path == kOnednn && !op.scale && op.w_d() == op.d)
+      return onednn::gemm(op.a_d(), op.a(), op.n, op.d, w, m, op.k, op.yd, y, m);
+    if (op.path == kOnednn && op.scale && onednn::takes_q8(op.a_d()) &&  // (else through a float32 block)
         onednn::gemm_q8(op.a_d(), op.a(), op.n, static_cast<const int8_t *>(w), op.scale, m, op.k, op.yd, y, m))
       return true;
-    if (op.path == kSwapped || op.path == kOnednn) {  // (plain with int8 weights: scaled in a float32 block)
+    if (op.path == kSwapped || op.path == kOnednn) {  // (plain with widened weights: in a float32 block)
       const bool swap = op.path == kSwapped;
-      const int64_t b = std::min(kBlockRows, m);
+      const int64_t b = std::min(op.block_rows(), m);
       std::vector<float> c(b * op.n);
       for (int64_t j0 = 0; j0 < m; j0 += b) {
         const int64_t rows = std::min(b, m - j0);
@@ -317,7 +360,7 @@ bool gate_up_swiglu(const Linear &call, const void *w, int64_t inter, void *y) {
     };
     if (op.path == kOnednn || op.path == kSwapped) {
       const bool swap = op.path == kSwapped;
-      const int64_t b = std::min(kBlockRows, inter);
+      const int64_t b = std::min(op.block_rows(), inter);
       std::vector<float> c(op.n * 2 * b);  // [n, gate | up], or swapped [gate; up] x [n]
       for (int64_t j0 = 0; j0 < inter; j0 += b) {
         const int64_t cols = std::min(b, inter - j0), up = swap ? cols * op.n : cols;

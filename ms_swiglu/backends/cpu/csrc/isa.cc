@@ -103,6 +103,11 @@ int g_isa = kBestIsa;
 
 const IsaKernels &isa() { return kIsas[g_isa]; }
 
+const char *isa_name(int i) {
+  const int j = kBestIsa + i, n = int(sizeof kIsas / sizeof kIsas[0]);
+  return i >= 0 && j < n ? kIsas[j].name : nullptr;
+}
+
 int set_isa(const char *name) {
   for (int i = kBestIsa; i < int(sizeof kIsas / sizeof kIsas[0]); ++i) {
     if (name == std::string(kIsas[i].name)) {

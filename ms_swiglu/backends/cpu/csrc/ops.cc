@@ -116,6 +116,7 @@ extern "C" {
 // ---- diagnostics (ctypes): the ISA and the GEMM path can be forced, for tests and the benchmarks ----------
 const char *msw_isa() { return msw::isa().name; }
 int msw_set_isa(const char *name) { return msw::set_isa(name); }
+const char *msw_isa_name(int i) { return msw::isa_name(i); }
 const char *msw_onednn(const char *path) { return msw::onednn::bind(path); }
 const char *msw_dtype_name(int d) { return d >= 0 && d < msw::kDtypes ? msw::kDtypeNames[d] : nullptr; }
 const char *msw_path_name(int p) { return p >= 0 && p < msw::kPaths ? msw::kPathNames[p] : nullptr; }

@@ -75,33 +75,24 @@ double read_sum(double (*part)(const float *, int64_t), const float *x, int64_t 
   return total;
 }
 
-// One thread's float32 FMAs: 12 independent accumulators (latency 4 x 2 ports + slack).
-__attribute__((target("avx512f"))) float fma_loop(int64_t iterations) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(float(i) * 1e-3f);
-  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+// One thread's float32 FMAs: 12 independent accumulators (latency 4 x 2 ports + slack), inlined into each ISA's
+// function below (AVX-512, and AVX2 for a CPU without it).
+template <typename vf>
+__attribute__((always_inline)) inline float fma_lanes(int64_t iterations) {
+  constexpr int W = sizeof(vf) / sizeof(float);
+  vf acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = vf{} + float(i) * 1e-3f;
+  const vf a = vf{} + 0.999999f, b = vf{} + 1e-7f;
   for (int64_t it = 0; it < iterations; ++it)
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+    for (int i = 0; i < 12; ++i) acc[i] = acc[i] * a + b;  // contracted to one FMA
   float sink = 0.0f;
-  for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_ps(acc[i]);
+  for (const vf &v : acc)
+    for (int j = 0; j < W; ++j) sink += v[j];
   return sink;
 }
 
-// The same on AVX2 (8 lanes), for a CPU without AVX-512.
-__attribute__((target("avx2,fma"))) float fma_loop_avx2(int64_t iterations) {
-  __m256 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(float(i) * 1e-3f);
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iterations; ++it)
-    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-  alignas(32) float lanes[8];
-  float sink = 0.0f;
-  for (int i = 0; i < 12; ++i) {
-    _mm256_store_ps(lanes, acc[i]);
-    for (float v : lanes) sink += v;
-  }
-  return sink;
-}
+__attribute__((target("avx512f,fma"))) float fma_loop(int64_t iterations) { return fma_lanes<v16>(iterations); }
+__attribute__((target("avx2,fma"))) float fma_loop_avx2(int64_t iterations) { return fma_lanes<v8>(iterations); }
 
 // One thread's AVX512-BF16 dot products (VDPBF16PS: 16 lanes x 2 bfloat16 products, float32 sums), the bfloat16
 // GEMM's limit where the CPU has no AMX: 12 independent accumulators, as fma_loop.

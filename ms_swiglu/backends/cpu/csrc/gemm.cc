@@ -240,12 +240,17 @@ int64_t skinny_max(int d, bool expert) {
   return expert ? kSkinnyMaxDotExpert : kSkinnyMaxDot;
 }
 
+// The swapped path's range of tokens for dtype d: float32's where oneDNN takes d widened to float32.
+const int64_t *swap_range(int d, bool expert) {
+  const int t = widened(d) ? kF32 : d;
+  return expert ? kSwapExpert[t] : kSwap[t];
+}
+
 }  // namespace
 
 Path path(int d, int64_t n, bool expert, bool q8) {
   const int forced = g_forced;
-  const int ts = widened(d) ? kF32 : d;  // the tuning of the dtype oneDNN computes in
-  const int64_t *swap = expert ? kSwapExpert[ts] : kSwap[ts];
+  const int64_t *swap = swap_range(d, expert);
   const Path p = forced >= 0 ? Path(forced)
                  : q8 && n <= kSkinnyMaxQ8[d] ? kSkinny
                  : n >= kAmxTokens[d][0] && n <= kAmxTokens[d][1] && amx::available() ? kAmx
@@ -278,12 +283,9 @@ std::string tuning_json() {
       s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + std::to_string(tokens[d]);
     s += "}";
   }
-  int64_t swapped[kDtypes][2], swapped_expert[kDtypes][2];  // as path() takes them: float32's where d is widened
+  int64_t swapped[kDtypes][2], swapped_expert[kDtypes][2];  // as path() takes them on this CPU
   for (int d = 0; d < kDtypes; ++d)
-    for (int i = 0; i < 2; ++i) {
-      swapped[d][i] = kSwap[widened(d) ? kF32 : d][i];
-      swapped_expert[d][i] = kSwapExpert[widened(d) ? kF32 : d][i];
-    }
+    for (int i = 0; i < 2; ++i) swapped[d][i] = swap_range(d, false)[i], swapped_expert[d][i] = swap_range(d, true)[i];
   const std::pair<const char *, const int64_t(*)[2]> rows[] = {
       {"amx_tokens", kAmxTokens}, {"swapped_tokens", swapped}, {"swapped_tokens_expert", swapped_expert}};
   for (const auto &[key, swap] : rows) {

@@ -14,12 +14,13 @@ CLI = [os.path.join(os.path.dirname(sys.executable), "ms-swiglu")]
 def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path):
     r = subprocess.run(CLI + ["bench", "--preset", "tiny", "--tokens", "1", "4", "--rounds", "2", "--memory",
                               "--layers", "2", "--model-blocks", "2", "--jit", "O0", "O1", "--dtype", "float32",
-                              "bfloat16", "--retries", "0", "--json", str(tmp_path / "b.json"),
+                              "bfloat16", "--retries", "0", "--settle", "0.01", "--json", str(tmp_path / "b.json"),
                               "--plot", str(tmp_path / "b.png")],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["read_gbps"] > 0 and data["rw_gbps"] > 0 and data["args"]["layers"] == 2
+    assert data["args"]["settle"] == 0.01  # a short pause: this test checks the structure, not the times
     assert data["peaks_gflops"]["fma_float32"] > 0 and data["disturbed_above"] == 0.05
     assert data["slow_calls_above"] == 0.1 and {"read"} <= set(data["host_probe_best"]) <= {"read", "amx"}
     assert all(rate > 0 for rate in data["host_probe_best"].values())
@@ -76,11 +77,13 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
 
 def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paired_rounds(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ms_swiglu.tools.bench_quant", "--preset", "tiny", "--tokens", "1", "4",
-                        "--layers", "1", "--rounds", "3", "--accuracy", "--json", str(tmp_path / "q.json")],
+                        "--layers", "1", "--rounds", "3", "--settle", "0.01", "--accuracy", "--json",
+                        str(tmp_path / "q.json")],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads((tmp_path / "q.json").read_text())
     assert (data["preset"], data["hidden"], data["intermediate"], data["layers"]) == ("tiny", 64, 176, 1)
+    assert data["settle_s"] == 0.01
     assert [row["tokens"] for row in data["speed"]] == [1, 4]
     for row in data["speed"]:
         b, q = row["bfloat16"], row["int8"]
@@ -300,8 +303,9 @@ def test_bench_linear_times_every_path(tmp_path):
     from ms_swiglu.tools import bench_linear
 
     assert bench_linear.main(["--preset", "tiny", "--tokens", "1", "9", "--dtype", "float32", "bfloat16",
-                              "--rounds", "2", "--json", str(tmp_path / "l.json")]) == 0
+                              "--rounds", "2", "--settle", "0", "--json", str(tmp_path / "l.json")]) == 0
     data = json.loads((tmp_path / "l.json").read_text())
+    assert data["settle_s"] == 0
     assert [(r["dtype"], r["tokens"]) for r in data["rows"]] == [
         ("float32", 1), ("float32", 9), ("bfloat16", 1), ("bfloat16", 9)]
     from ms_swiglu.backends.cpu import kernels

@@ -70,7 +70,7 @@ def test_export_children_never_import_from_the_working_directory(ckpt, hostile_c
 
 def test_bench_probes_and_tp_workers_never_import_from_the_working_directory(ckpt, hostile_cwd, tmp_path, tmpenv):
     r = cli("bench", "--preset", "tiny", "--tokens", 1, "--rounds", 1, "--variants", "packed-cpu", "--memory",
-            cwd=hostile_cwd, env=tmpenv)
+            "--settle", 0, cwd=hostile_cwd, env=tmpenv)
     assert r.returncode == 0, r.stderr[-2000:]
     np.save(tmp_path / "x.npy", np.ones((2, H), np.float32))
     r = cli("run", "--checkpoint", ckpt, "--layer", 0, "--input", tmp_path / "x.npy", "--tp-size", 2,
@@ -294,6 +294,8 @@ MALFORMED = {
     "bench-peer": (["bench", "--preset", "tiny", "--peer-python", "/nonexistent/python"],
                    "--peer-python: expected an executable Python"),
     "bench-choice": (["bench", "--preset", "gpt-9"], "invalid choice: 'gpt-9'"),
+    "bench-settle": (["bench", "--preset", "tiny", "--settle", "nan"],
+                     "--settle: expected seconds in [0, 60], got 'nan'"),
 }
 
 

@@ -6,7 +6,7 @@ show where each path pays (the library's tuning table, ``kernels.tuning()``, com
 close the decode path gets to the read bandwidth.
 
 Usage: python -m ms_swiglu.tools.bench_linear [--preset llama-7b] [--tokens 1 4 8 16 32 64 128 256 512]
-                                              [--dtype float32 float16 bfloat16] [--rounds 5] [--json F]
+                                              [--dtype float32 float16 bfloat16] [--rounds 5] [--settle S] [--json F]
 """
 import argparse
 import sys
@@ -17,7 +17,7 @@ from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
 from ms_swiglu.progress import progress
-from ms_swiglu.tools.timing import interleave, write_json
+from ms_swiglu.tools.timing import SETTLE_HELP, SETTLE_S, interleave, settle_seconds, write_json
 
 def _cast(a, dtype):
     return to_bf16_bits(a) if dtype == "bfloat16" else a.astype(kernels.NP_DTYPES[dtype])
@@ -35,7 +35,7 @@ def run(args):
     from ms_swiglu.tools.bench_mlp import bandwidth  # noqa: PLC0415
 
     hidden, inter = PRESETS[args.preset]
-    read_bw, _ = bandwidth()
+    read_bw, _ = bandwidth(settle=args.settle)
     print(f"{args.preset}: H={hidden} I={inter}; GEMM above the skinny range: {kernels.onednn()}; "
           f"read ceiling {read_bw:.1f} GB/s")
     rng = np.random.default_rng(0)
@@ -49,7 +49,7 @@ def run(args):
             np_dtype = kernels.NP_DTYPES[dtype]
             act, out = np.empty((n, inter), np_dtype), np.empty((n, hidden), np_dtype)
             st = interleave({r: _mlp_call(x, wg, wd, act, out, dtype, r) for r in kernels.paths()},
-                            args.rounds, warmup=1)
+                            args.rounds, warmup=1, settle=args.settle)
             row = {"dtype": dtype, "tokens": n, "path": kernels.path(dtype, n)}
             for r, s in st.items():
                 row[r] = dict(s, gflops=6 * n * hidden * inter / s["median_s"] / 1e9,
@@ -63,7 +63,7 @@ def run(args):
             sk = row["skinny"]
             print(f"{dtype:>9} N={n:<4} {cells} | skinny {sk['weight_gbps']:5.1f} GB/s "
                   f"({sk['weight_gbps'] / read_bw:4.0%} of read) | fastest {best}, default {row['path']}", flush=True)
-    return {"preset": args.preset, "read_gbps": read_bw, "rows": rows}
+    return {"preset": args.preset, "read_gbps": read_bw, "settle_s": args.settle, "rows": rows}
 
 
 def main(argv=None):
@@ -72,6 +72,7 @@ def main(argv=None):
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64, 128, 256, 512])
     parser.add_argument("--dtype", nargs="+", default=list(DTYPE_NAMES), choices=DTYPE_NAMES)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--settle", type=settle_seconds, default=SETTLE_S, help=SETTLE_HELP)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     data = run(args)

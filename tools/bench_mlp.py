@@ -43,7 +43,7 @@ time over the variant's in the same round, median; p10 and p90 in the JSON besid
 a slow phase of the host slows alike.
 
 Usage: ms-swiglu bench [--preset llama-7b] [--tokens 1 16 128 512] [--dtype float32] [--jit O0 O1]
-                       [--variants ...] [--rounds 7] [--memory] [--json F] [--plot F.png]
+                       [--variants ...] [--rounds 7] [--settle S] [--memory] [--json F] [--plot F.png]
 """
 import os
 import subprocess
@@ -60,8 +60,8 @@ from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import progress
 from ms_swiglu.runner import check_fits
 from ms_swiglu.tools.probes import add, host_probes, machine_line, peaks, read_sum
-from ms_swiglu.tools.timing import (DISTURBED, SLOW_CALLS, HostSpeed, interleave, paired, probe_process, proc_status,
-                                    reset_peak_memory, watched, write_json)
+from ms_swiglu.tools.timing import (DISTURBED, SETTLE_HELP, SETTLE_S, SLOW_CALLS, HostSpeed, interleave, paired,
+                                    probe_process, proc_status, reset_peak_memory, settle_seconds, watched, write_json)
 
 SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -119,7 +119,7 @@ def _threads(fn, parts):
         t.join()
 
 
-def bandwidth(rounds=5):
+def bandwidth(rounds=5, settle=SETTLE_S):
     """(read GB/s, 2-read-1-write GB/s), the best probe, over arrays far larger than the L3."""
 
     big = np.ones(READ_PROBE_FLOATS, np.float32)
@@ -134,7 +134,7 @@ def bandwidth(rounds=5):
         "read omp": lambda: read_sum(big),
         "add omp": lambda: add(a, b, c),
     }
-    st = interleave(variants, rounds, warmup=1)
+    st = interleave(variants, rounds, warmup=1, settle=settle)
     read = big.nbytes / min(st[k]["min_s"] for k in ("read x1", "read x2", "read omp")) / 1e9
     rw = 3 * a.nbytes / min(st[k]["min_s"] for k in ("add x1", "add x2", "add omp")) / 1e9
     return read, rw
@@ -290,7 +290,7 @@ def run(args):
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     print(machine_line())
-    read_bw, rw_bw = bandwidth()
+    read_bw, rw_bw = bandwidth(settle=args.settle)
     peaks = probe_peaks()
     print(f"ceilings: read {read_bw:.1f} GB/s, 2-read-1-write {rw_bw:.1f} GB/s (best of NumPy and the threaded "
           f"probes); peaks (in-register loops, GFLOP/s, 0: not on this CPU): FMA float32 {peaks['fma_float32']:.0f}, "
@@ -317,7 +317,8 @@ def run(args):
                     calls[("peer-torch", "eager", d, "model")] = peer.model
             named = {"/".join(key): call for key, call in calls.items()}
             stats, disturbance = watched({**named, **ceiling(n)}, args.rounds,
-                                         pids=[p.proc.pid for p in peers.values()], retries=args.retries, host=host)
+                                         pids=[p.proc.pid for p in peers.values()], retries=args.retries, host=host,
+                                         settle=args.settle)
             for dtype in args.dtype:
                 cell = _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, list(calls))
                 results.append(cell)
@@ -484,6 +485,7 @@ def main(argv=None):
     parser.add_argument("--retries", type=int, default=2,
                         help=f"re-run a token count this often while other processes take > {DISTURBED * 100:.0f}%% of the CPU "
                              f"or > {SLOW_CALLS * 100:.0f}%% of its calls run in a slow phase of the host")
+    parser.add_argument("--settle", type=settle_seconds, default=SETTLE_S, help=SETTLE_HELP)
     parser.add_argument("--peer-python", help="an interpreter with torch: adds HF LlamaMLP in PyTorch as a peer")
     parser.add_argument("--memory", action="store_true", help="peak memory per variant, each in its own process")
     parser.add_argument("--json")

@@ -1,7 +1,7 @@
 """Weight-only int8 against bfloat16 on the cpu backend: speed (interleaved, one process) and accuracy.
 
     python -m ms_swiglu.tools.bench_quant [--preset llama-7b] [--tokens 1 16 128 512] [--layers 3] [--rounds 7]
-                                          [--accuracy] [--json FILE]
+                                          [--settle S] [--accuracy] [--json FILE]
 
 Speed: per token count, a chain of ``--layers`` packed MLPs with distinct weights (larger than the L3 together:
 every layer's weights come from memory, as in a model), bfloat16 weights against their int8 quantization, the
@@ -25,7 +25,7 @@ import numpy as np
 from ms_swiglu.config import preset as preset_shape, PRESETS
 from ms_swiglu.packing import dequantize_int8, quantize_int8
 from ms_swiglu.tools.probes import host_probes, machine_line, read_sum
-from ms_swiglu.tools.timing import HostSpeed, paired, watched, write_json
+from ms_swiglu.tools.timing import SETTLE_HELP, SETTLE_S, HostSpeed, paired, settle_seconds, watched, write_json
 
 READ_PROBE_FLOATS = 2**28  # 1 GiB
 
@@ -51,7 +51,7 @@ def _bytes(net):
     return sum(p.nbytes for p in net.get_parameters())
 
 
-def speed(hidden, inter, tokens, layers, rounds):
+def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S):
     import mindspore as ms  # noqa: PLC0415
 
     ms.set_device("CPU")
@@ -66,7 +66,7 @@ def speed(hidden, inter, tokens, layers, rounds):
         variants = {name: (lambda net=net: net(x).asnumpy()) for name, net in nets.items()}
         if n == 1:
             variants["read probe"] = lambda: read_sum(big)
-        stats, dist = watched(variants, rounds, host=host)
+        stats, dist = watched(variants, rounds, host=host, settle=settle)
         row = {"tokens": n, "disturbance": dist}
         for name in nets:
             s = stats[name]
@@ -149,15 +149,16 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128, 512])
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--settle", type=settle_seconds, default=SETTLE_S, help=SETTLE_HELP)
     p.add_argument("--accuracy", action="store_true", help="also the accuracy figures (NumPy, float64)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     hidden, inter = preset_shape(args.preset)
     result = {"preset": args.preset, "hidden": hidden, "intermediate": inter, "layers": args.layers,
-              "rounds": args.rounds}
+              "rounds": args.rounds, "settle_s": args.settle}
     if args.accuracy:
         result["accuracy"] = accuracy(hidden, inter)
-    result["speed"] = speed(hidden, inter, args.tokens, args.layers, args.rounds)
+    result["speed"] = speed(hidden, inter, args.tokens, args.layers, args.rounds, args.settle)
     if args.json:
         write_json(args.json, result)
     return 0

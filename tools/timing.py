@@ -54,6 +54,21 @@ DISTURBED = 0.05
 # 32.0); at 16 tokens the kind of pause made no difference (bfloat16 weights 47.2 / 48.1 ms after a busy pause,
 # 48.9 / 46.9 after a sleep).
 SETTLE_S = 0.2
+SETTLE_HELP = (f"seconds of busy pause before each timed call (default {SETTLE_S}: other libraries' threads stop "
+               f"spinning; 0: back to back)")
+
+
+def settle_seconds(text):
+    """An argparse type: a pause of 0 to 60 seconds."""
+    import argparse  # noqa: PLC0415
+
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = None
+    if seconds is None or not 0 <= seconds <= 60:  # (NaN fails the comparison too)
+        raise argparse.ArgumentTypeError(f"expected seconds in [0, 60], got {text!r}")
+    return seconds
 
 
 def pause(seconds):
@@ -101,19 +116,19 @@ class HostSpeed:
         return min(rate / self.best[name] for name, rate in rates.items())
 
 
-def watched(variants, rounds, pids=(), retries=2, warmup=3, host=None):
+def watched(variants, rounds, pids=(), retries=2, warmup=3, host=None, settle=SETTLE_S):
     """:func:`interleave` with the disturbance of its rounds measured: the CPU time of other processes and of the
     hypervisor (:class:`CPUClock`) and, with ``host`` (:class:`HostSpeed`), the fraction of calls that ran in a
-    slow phase of the host (``slow_calls``). A flagged run is repeated up to ``retries`` times and the least
-    disturbed kept. Returns (stats, disturbance), the latter with the number of attempts made and whether the kept
-    one is still flagged."""
+    slow phase of the host (``slow_calls``); ``settle`` as for :func:`interleave`. A flagged run is repeated up to
+    ``retries`` times and the least disturbed kept. Returns (stats, disturbance), the latter with the number of
+    attempts made and whether the kept one is still flagged."""
     clock, best = CPUClock(pids), None
     for attempt in range(retries + 1):
         for call in variants.values():  # the warm-up stays out of the accounting
             for _ in range(warmup):
                 call()
         before = clock.read()
-        stats = interleave(variants, rounds, warmup=0, host=host)
+        stats = interleave(variants, rounds, warmup=0, settle=settle, host=host)
         dist = clock.disturbance(before, clock.read())
         if host:
             dist["slow_calls"] = sum(s["slow_calls"] for s in stats.values()) / (rounds * len(variants))

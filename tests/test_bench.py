@@ -135,11 +135,12 @@ def test_a_busy_neighbour_flags_the_rounds_and_they_are_retried():
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # one core of two, busy all the time
     try:
         time.sleep(0.3)
-        stats, dist = watched(variants, rounds=10, retries=1, warmup=1)
+        # 20 calls 0.04 s apart: 0.8 s of rounds, 80 ticks of /proc's clock
+        stats, dist = watched(variants, rounds=10, retries=1, warmup=1, settle=0.02)
         assert set(stats) == {"a", "b"} and dist["attempts"] == 2 and dist["flagged"]
         assert dist["fraction"] > 0.3 > DISTURBED and dist["other_cpu_s"] > 0.2
         # the same neighbour, watched as one of ours (the torch peer is): no longer a disturbance
-        _, own = watched(variants, rounds=10, pids=[busy.pid], retries=0, warmup=1)
+        _, own = watched(variants, rounds=10, pids=[busy.pid], retries=0, warmup=1, settle=0.02)
         assert own["fraction"] < dist["fraction"] - 0.3 and own["attempts"] == 1
     finally:
         busy.kill()
@@ -169,9 +170,9 @@ def test_slow_phases_of_the_host_are_counted_per_call_and_retried(monkeypatch):
                 10, 9, 8, 10, 10, 8, 10, 9])  # attempt 2: none below 0.8 of the best
     host = timing.HostSpeed({"amx": lambda: next(amx), "read": lambda: 2.0})
     variants = {"a": lambda: None, "b": lambda: None}
-    stats = timing.interleave(variants, rounds=4, warmup=0, host=host)  # calls: a b, b a, a b, b a
+    stats = timing.interleave(variants, rounds=4, warmup=0, host=host, settle=0)  # calls: a b, b a, a b, b a
     assert (stats["a"]["slow_calls"], stats["b"]["slow_calls"]) == (1, 1) and host.best == {"amx": 10, "read": 2.0}
-    stats, dist = timing.watched(variants, rounds=4, retries=2, warmup=0, host=host)
+    stats, dist = timing.watched(variants, rounds=4, retries=2, warmup=0, host=host, settle=0)
     assert dist["attempts"] == 2 and not dist["flagged"] and dist["slow_calls"] == 0
     assert stats["a"]["slow_calls"] == stats["b"]["slow_calls"] == 0
     assert host.speed({"amx": 7.0, "read": 2.0}) == 0.7 < timing.SLOW_HOST  # the slowest probe decides

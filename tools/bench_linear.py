@@ -17,7 +17,7 @@ from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import DTYPE_NAMES, PRESETS
 from ms_swiglu.progress import progress
-from ms_swiglu.tools.timing import SETTLE_HELP, SETTLE_S, interleave, settle_seconds, write_json
+from ms_swiglu.tools.timing import add_settle_option, interleave, write_json
 
 def _cast(a, dtype):
     return to_bf16_bits(a) if dtype == "bfloat16" else a.astype(kernels.NP_DTYPES[dtype])
@@ -72,7 +72,7 @@ def main(argv=None):
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64, 128, 256, 512])
     parser.add_argument("--dtype", nargs="+", default=list(DTYPE_NAMES), choices=DTYPE_NAMES)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--settle", type=settle_seconds, default=SETTLE_S, help=SETTLE_HELP)
+    add_settle_option(parser)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     data = run(args)

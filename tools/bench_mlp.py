@@ -60,8 +60,8 @@ from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import progress
 from ms_swiglu.runner import check_fits
 from ms_swiglu.tools.probes import add, host_probes, machine_line, peaks, read_sum
-from ms_swiglu.tools.timing import (DISTURBED, SETTLE_HELP, SETTLE_S, SLOW_CALLS, HostSpeed, interleave, paired,
-                                    probe_process, proc_status, reset_peak_memory, settle_seconds, watched, write_json)
+from ms_swiglu.tools.timing import (DISTURBED, SETTLE_S, SLOW_CALLS, HostSpeed, add_settle_option, interleave,
+                                    paired, probe_process, proc_status, reset_peak_memory, watched, write_json)
 
 SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -485,7 +485,7 @@ def main(argv=None):
     parser.add_argument("--retries", type=int, default=2,
                         help=f"re-run a token count this often while other processes take > {DISTURBED * 100:.0f}%% of the CPU "
                              f"or > {SLOW_CALLS * 100:.0f}%% of its calls run in a slow phase of the host")
-    parser.add_argument("--settle", type=settle_seconds, default=SETTLE_S, help=SETTLE_HELP)
+    add_settle_option(parser)
     parser.add_argument("--peer-python", help="an interpreter with torch: adds HF LlamaMLP in PyTorch as a peer")
     parser.add_argument("--memory", action="store_true", help="peak memory per variant, each in its own process")
     parser.add_argument("--json")

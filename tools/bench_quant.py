@@ -25,7 +25,7 @@ import numpy as np
 from ms_swiglu.config import preset as preset_shape, PRESETS
 from ms_swiglu.packing import dequantize_int8, quantize_int8
 from ms_swiglu.tools.probes import host_probes, machine_line, read_sum
-from ms_swiglu.tools.timing import SETTLE_HELP, SETTLE_S, HostSpeed, paired, settle_seconds, watched, write_json
+from ms_swiglu.tools.timing import SETTLE_S, HostSpeed, add_settle_option, paired, watched, write_json
 
 READ_PROBE_FLOATS = 2**28  # 1 GiB
 
@@ -149,7 +149,7 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128, 512])
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--settle", type=settle_seconds, default=SETTLE_S, help=SETTLE_HELP)
+    add_settle_option(p)
     p.add_argument("--accuracy", action="store_true", help="also the accuracy figures (NumPy, float64)")
     p.add_argument("--json")
     args = p.parse_args(argv)

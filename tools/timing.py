@@ -1,4 +1,5 @@
 """Interleaved timing: every variant once per round, so that the machine's drift (20-40% here) hits all alike."""
+import argparse
 import statistics
 import time
 
@@ -54,21 +55,23 @@ DISTURBED = 0.05
 # 32.0); at 16 tokens the kind of pause made no difference (bfloat16 weights 47.2 / 48.1 ms after a busy pause,
 # 48.9 / 46.9 after a sleep).
 SETTLE_S = 0.2
-SETTLE_HELP = (f"seconds of busy pause before each timed call (default {SETTLE_S}: other libraries' threads stop "
-               f"spinning; 0: back to back)")
 
 
-def settle_seconds(text):
-    """An argparse type: a pause of 0 to 60 seconds."""
-    import argparse  # noqa: PLC0415
+def add_settle_option(parser):
+    """A benchmark's ``--settle S``: the pause before each timed call, 0 to 60 seconds (``SETTLE_S`` by default)."""
 
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = None
-    if seconds is None or not 0 <= seconds <= 60:  # (NaN fails the comparison too)
-        raise argparse.ArgumentTypeError(f"expected seconds in [0, 60], got {text!r}")
-    return seconds
+    def seconds(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or not 0 <= value <= 60:  # (NaN fails the comparison too)
+            raise argparse.ArgumentTypeError(f"expected seconds in [0, 60], got {text!r}")
+        return value
+
+    parser.add_argument("--settle", type=seconds, default=SETTLE_S,
+                        help=f"seconds of busy pause before each timed call (default {SETTLE_S}: other libraries' "
+                             f"threads stop spinning; 0: back to back)")
 
 
 def pause(seconds):

@@ -52,7 +52,10 @@ constexpr int64_t kSwapExpert[kDtypes][2] = {{9, 192}, {1, 0}, {5, 192}};
 // (3 cold llama-7b layers, Intel Xeon VM, direct calls paired).
 constexpr int64_t kAmxTokens[kDtypes][2] = {{1, 0}, {1, 0}, {3, 512}};
 // Weight rows per oneDNN call when its output goes through a float32 block first (the SwiGLU epilogue, and
-// the swapped path's transpose).
+// the swapped path's transpose). bfloat16 llama-7b MLP, AMD EPYC (AVX512-BF16), direct calls paired against 1024:
+// 512 and 256 rows 0.98-1.02x at 128 / 512 tokens; the whole [n, 2 inter] in one float32 call, then the epilogue,
+// level too. oneDNN's plain GEMM with bfloat16 output ran 1.03x faster at 512 tokens than either: the float32
+// block costs that much, and rounding gate and up to bfloat16 before the SwiGLU (as PyTorch's MLP does) is not taken.
 constexpr int64_t kBlockRows = 1024;
 // The same where 16-bit weights are widened to float32 for oneDNN first (Op::w_d), so that a block's float32 rows
 // stay in the L3 (11 MB at k = 11008). bfloat16 llama-7b MLP on an AVX2 AMD EPYC (L3 32 MB), direct calls

@@ -94,11 +94,32 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
         assert 0 < s["paired"]["p10"] <= s["paired"]["median"] <= s["paired"]["p90"]
         assert ("read_probe_GB/s" in row) == (row["tokens"] == 1) == ("fraction_of_read" in q)
         assert {"fraction", "slow_calls", "attempts", "flagged"} <= set(row["disturbance"])
-    assert r.stdout.count("paired by round") == 2
+        # the same weights through the library's calls alone (bit-equal to the graph, or the bench stops)
+        for name, graph in (("bfloat16", b), ("int8", q)):
+            lib = row[f"{name} library"]
+            assert lib["bytes"] == graph["bytes"] and 0 < lib["min_ms"] <= lib["median_ms"]
+            assert lib["GB/s"] == pytest.approx(lib["bytes"] / lib["median_ms"] / 1e6)
+            assert ("fraction_of_read" in lib) == (row["tokens"] == 1)
+        assert 0 < row["graph_call_ms"]["min"] <= row["graph_call_ms"]["median"]
+    assert r.stdout.count("paired by round") == 2 and r.stdout.count("the library's calls alone") == 2
     # per output row only: groups of 128 divide neither H=64 nor I=176
     assert [(a["outliers"], a["scales"]) for a in data["accuracy"]] == [("rows", "per output row"),
                                                                        ("columns", "per output row")]
     assert all(a["max_rel"] >= a["mean_rel"] > 0 and a["frobenius_rel"] > 0 for a in data["accuracy"])
+
+
+def test_bench_quant_stops_when_the_library_calls_are_not_the_graphs_computation(monkeypatch):
+    from ms_swiglu.tools import bench_quant
+
+    library = bench_quant._library
+
+    def off_by_one_bit(net, n):  # the real calls, with one output bit flipped
+        call = library(net, n)
+        return lambda x: call(x) ^ 1
+
+    monkeypatch.setattr(bench_quant, "_library", off_by_one_bit)
+    with pytest.raises(AssertionError, match="bfloat16: the library's direct calls differ from the graph's output"):
+        bench_quant.speed(64, 176, [2], 1, 1, settle=0)
 
 
 def test_bench_quant_accuracy_compares_groups_of_128_where_they_divide():

@@ -11,6 +11,13 @@ variant's bytes per call (weights, and the int8 scales) over its median time is 
 probe's median read bandwidth. The speed-up is also given paired by round (``tools/timing.py: paired``):
 bfloat16's time over int8's in the same round, which a slow phase of the host slows alike.
 
+The same rounds also time each chain as direct calls of the cpu backend's C++ ops on the same weights (``the
+library's calls alone``: the kernels the graph launches, checked to give the graph's output bit for bit, without
+MindSpore's runtime between them) and MindSpore's cost of one graph call (``x + 1`` on one element), so that a
+fraction of the read bandwidth below the kernels' own shows what the runtime adds: on the AMD EPYC host, 3 int8
+layers at one token read at 94-97% of the probe through the library and 82-83% through the graph after the pause
+(0.23 ms per graph call back to back, ~1 ms after 0.2 s).
+
 Accuracy (``--accuracy``, NumPy, float64): the MLP at the preset's shape with random weights (std 0.02) with
 outlier rows (1% of rows x20) or outlier input columns (1% of columns x20), int8 per output row (the package's
 format) and, for comparison, per group of 128 along the input where 128 divides H and I: max and mean relative
@@ -22,9 +29,10 @@ import sys
 
 import numpy as np
 
+from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import preset as preset_shape, PRESETS
 from ms_swiglu.packing import dequantize_int8, quantize_int8
-from ms_swiglu.tools.probes import host_probes, machine_line, read_sum
+from ms_swiglu.tools.probes import graph_call, host_probes, machine_line, read_sum
 from ms_swiglu.tools.timing import SETTLE_S, HostSpeed, add_settle_option, paired, watched, write_json
 
 READ_PROBE_FLOATS = 2**28  # 1 GiB
@@ -51,6 +59,44 @@ def _bytes(net):
     return sum(p.nbytes for p in net.get_parameters())
 
 
+def _library(net, n):
+    """The chain's MLPs as direct calls of the cpu backend's C++ ops (``[Q]GateUpSwiglu`` + ``[Q]Linear``, the
+    ones its graph launches) on host copies of the same weights, no MindSpore in between: ``call(x)`` with x
+    bfloat16 bits [n, H] returns the last layer's output, bfloat16 bits [n, H]."""
+    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
+    from ms_swiglu.mlp import weights  # noqa: PLC0415
+
+    def host(a):  # bfloat16 as its bits, as the library takes it
+        return a.view(np.uint16) if a.dtype.itemsize == 2 else a
+
+    layers = []
+    for mlp in net:
+        w = {name: host(a) for name, a in weights(mlp).items()}
+        q = "Q" if mlp.quant else ""
+        scales = lambda proj: [w[f"{proj}.weight_scale"]] if mlp.quant else []  # noqa: E731
+        layers.append((q, [w["gate_up_proj.weight"], *scales("gate_up_proj")],
+                       [w["down_proj.weight"], *scales("down_proj")]))
+    act = np.empty((n, net[0].intermediate_size), np.uint16)
+    outs = [np.empty((n, net[0].hidden_size), np.uint16) for _ in layers]
+
+    def call(x):
+        for (q, gate_up, down), out in zip(layers, outs):
+            kernels.run(q + "GateUpSwiglu", x, *gate_up, act, dtype="bfloat16")
+            x = kernels.run(q + "Linear", act, *down, out, dtype="bfloat16")
+        return x
+
+    return call
+
+
+def _entry(stats, name, nbytes, read=None):
+    s = stats[name]
+    entry = {"median_ms": s["median_s"] * 1e3, "min_ms": s["min_s"] * 1e3, "spread": s["spread"], "bytes": nbytes,
+             "GB/s": nbytes / s["median_s"] / 1e9}
+    if read:
+        entry["fraction_of_read"] = entry["GB/s"] / read
+    return entry
+
+
 def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S):
     import mindspore as ms  # noqa: PLC0415
 
@@ -60,26 +106,33 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S):
     nets = {"bfloat16": _chain(hidden, inter, layers, None), "int8": _chain(hidden, inter, layers, "int8")}
     nbytes = {name: _bytes(net) for name, net in nets.items()}
     big = np.ones(READ_PROBE_FLOATS, np.float32)
-    rows, host = [], HostSpeed(host_probes())
+    rows, host, graph_call_probe = [], HostSpeed(host_probes()), graph_call()
     for n in tokens:
-        x = ms.Tensor(np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)).astype(ms.bfloat16)
+        x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
+        x, bits = ms.Tensor(x32).astype(ms.bfloat16), to_bf16_bits(x32)
         variants = {name: (lambda net=net: net(x).asnumpy()) for name, net in nets.items()}
+        library = {f"{name} library": _library(net, n) for name, net in nets.items()}
+        for name, net in nets.items():  # the same computation, or the comparison means nothing
+            graph, direct = variants[name]().view(np.uint16), library[f"{name} library"](bits)
+            if not np.array_equal(graph, direct):
+                raise AssertionError(f"{name}: the library's direct calls differ from the graph's output "
+                                     f"(max |diff| of the bits {np.abs(graph.astype(int) - direct).max()})")
+        variants.update({key: (lambda call=call: call(bits)) for key, call in library.items()})
+        variants["graph call"] = graph_call_probe
         if n == 1:
             variants["read probe"] = lambda: read_sum(big)
         stats, dist = watched(variants, rounds, host=host, settle=settle)
-        row = {"tokens": n, "disturbance": dist}
+        read = big.nbytes / stats["read probe"]["median_s"] / 1e9 if n == 1 else None
+        row = {"tokens": n, "disturbance": dist,
+               "graph_call_ms": {k: stats["graph call"][f"{k}_s"] * 1e3 for k in ("median", "min")}}
         for name in nets:
-            s = stats[name]
-            row[name] = {"median_ms": s["median_s"] * 1e3, "min_ms": s["min_s"] * 1e3, "spread": s["spread"],
-                         "bytes": nbytes[name], "GB/s": nbytes[name] / s["median_s"] / 1e9}
+            row[name] = _entry(stats, name, nbytes[name], read)
+            row[f"{name} library"] = _entry(stats, f"{name} library", nbytes[name], read)
         row["int8/bf16 speedup"] = {"median": stats["bfloat16"]["median_s"] / stats["int8"]["median_s"],
                                     "min": stats["bfloat16"]["min_s"] / stats["int8"]["min_s"],
                                     "paired": paired(stats, "bfloat16", "int8")}
-        if n == 1:
-            read = big.nbytes / stats["read probe"]["median_s"] / 1e9
+        if read:
             row["read_probe_GB/s"] = read
-            for name in nets:
-                row[name]["fraction_of_read"] = row[name]["GB/s"] / read
         rows.append(row)
         _print_row(row)
     return rows
@@ -95,6 +148,11 @@ def _print_row(row):
           f"(min {row['int8/bf16 speedup']['min']:.2f}x, {_paired(row['int8/bf16 speedup']['paired'])}){frac}; "
           f"disturbance {row['disturbance']['fraction']:.1%}, slow host {row['disturbance']['slow_calls']:.0%}{flag}",
           flush=True)
+    lb, lq = row["bfloat16 library"], row["int8 library"]
+    frac = (f", read: bf16 {lb['fraction_of_read']:.0%}, int8 {lq['fraction_of_read']:.0%}"
+            if "read_probe_GB/s" in row else "")
+    print(f"        the library's calls alone: bf16 {lb['median_ms']:8.2f} ms, int8 {lq['median_ms']:8.2f} ms{frac}; "
+          f"one graph call (x + 1) {row['graph_call_ms']['median']:.2f} ms", flush=True)
 
 
 def _paired(p):

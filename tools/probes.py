@@ -107,3 +107,18 @@ def machine_line():
     """``machine()`` as one line for a benchmark's printout."""
     info = machine()
     return f"machine: {info['cpu']}, {info['cpus']} CPUs, {' '.join(info['flags'])}, L3 {info['l3']}"
+
+
+def graph_call():
+    """A callable timing MindSpore's cost of one graph call: ``x + 1`` on one element in GRAPH_MODE (which the
+    caller has set), its output brought to the host. Every MLP graph's call pays it once; the library's kernels,
+    called directly, do not."""
+    import mindspore as ms  # noqa: PLC0415
+    from mindspore import nn  # noqa: PLC0415
+
+    class AddOne(nn.Cell):
+        def construct(self, x):
+            return x + 1
+
+    cell, one = AddOne(), ms.Tensor([[0.0]], ms.float32)
+    return lambda: cell(one).asnumpy()

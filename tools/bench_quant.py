@@ -72,10 +72,10 @@ def _library(net, n):
     layers = []
     for mlp in net:
         w = {name: host(a) for name, a in weights(mlp).items()}
-        q = "Q" if mlp.quant else ""
-        scales = lambda proj: [w[f"{proj}.weight_scale"]] if mlp.quant else []  # noqa: E731
-        layers.append((q, [w["gate_up_proj.weight"], *scales("gate_up_proj")],
-                       [w["down_proj.weight"], *scales("down_proj")]))
+        # per projection the weight, and with int8 its scales
+        gate_up, down = ([w[k] for k in (f"{proj}.weight", f"{proj}.weight_scale") if k in w]
+                         for proj in ("gate_up_proj", "down_proj"))
+        layers.append(("Q" if mlp.quant else "", gate_up, down))
     act = np.empty((n, net[0].intermediate_size), np.uint16)
     outs = [np.empty((n, net[0].hidden_size), np.uint16) for _ in layers]
 

@@ -113,8 +113,8 @@ def test_bench_quant_stops_when_the_library_calls_are_not_the_graphs_computation
 
     library = bench_quant._library
 
-    def off_by_one_bit(net, n):  # the real calls, with one output bit flipped
-        call = library(net, n)
+    def off_by_one_bit(net):  # the real calls, with one output bit flipped
+        call = library(net)
         return lambda x: call(x) ^ 1
 
     monkeypatch.setattr(bench_quant, "_library", off_by_one_bit)

@@ -56,6 +56,9 @@ constexpr int64_t kAmxTokens[kDtypes][2] = {{1, 0}, {1, 0}, {3, 512}};
 // 512 and 256 rows 0.98-1.02x at 128 / 512 tokens; the whole [n, 2 inter] in one float32 call, then the epilogue,
 // level too. oneDNN's plain GEMM with bfloat16 output ran 1.03x faster at 512 tokens than either: the float32
 // block costs that much, and rounding gate and up to bfloat16 before the SwiGLU (as PyTorch's MLP does) is not taken.
+// Nor is the SwiGLU as oneDNN post-ops (gate with eltwise swish into float32, up with a binary mul by it, y rounded
+// once): gate_up alone, direct calls paired against this, 0.99-1.00x at 128 / 512 tokens; and a binary post-op
+// into a strided y (a block of its columns) runs on oneDNN 3.10's reference kernel, 35 s for one 512-token block.
 constexpr int64_t kBlockRows = 1024;
 // The same where 16-bit weights are widened to float32 for oneDNN first (Op::w_d), so that a block's float32 rows
 // stay in the L3 (11 MB at k = 11008). bfloat16 llama-7b MLP on an AVX2 AMD EPYC (L3 32 MB), direct calls

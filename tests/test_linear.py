@@ -58,6 +58,34 @@ def test_skinny_tiles_and_tails(dtype, swiglu, skinny_only):
             _check_kernel(n, k, m, dtype, swiglu, seed=n * k + m)
 
 
+def _at_page_offset(a, offset):
+    """A copy of ``a`` that starts ``offset`` bytes into a 4 KB page."""
+    raw = np.empty(a.nbytes + 8192, np.uint8)
+    start = (offset - raw.ctypes.data) % 4096
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("dtype", list(kernels.NP_DTYPES))
+def test_skinny_x_anywhere_in_its_page(dtype, skinny_only):
+    # the kernel copies x to half a page from the weights (gemm.cc: placed); rows of 4 KB (k = 1024 in float32,
+    # 2048 in 16-bit), x at the weights' offset in the page and elsewhere: the same bits, and the reference
+    rng = np.random.default_rng(3)
+    k = 4096 // np.dtype(kernels.NP_DTYPES[dtype]).itemsize
+    w, w64 = _in_dtype(rng.standard_normal((70, k)) / np.sqrt(k), dtype)
+    w = _at_page_offset(w, 16)
+    for n in (2, 7, 16):
+        x, x64 = _in_dtype(rng.standard_normal((n, k)), dtype)
+        outs = []
+        for offset in (16, 16 + 2048, 528):
+            out = np.zeros((n, 35), kernels.NP_DTYPES[dtype])
+            kernels.linear(_at_page_offset(x, offset), w, out, dtype, swiglu=True)
+            outs.append(out)
+        assert_close(_out64(outs[0], dtype), ref_swiglu(x64 @ w64.T), dtype, f"GateUpSwiglu n={n} k={k}")
+        for out in outs[1:]:
+            np.testing.assert_array_equal(out, outs[0])
+
 @pytest.mark.parametrize("isa", kernels.isas())  # every ISA this CPU runs (the best also runs every other test)
 def test_skinny_every_isa(isa, skinny_only):
     best = kernels.isa()

@@ -60,7 +60,10 @@ constexpr int64_t kAmxTokens[kDtypes][2] = {{1, 0}, {1, 0}, {3, 512}};
 // Nor is the SwiGLU as oneDNN post-ops (gate with eltwise swish into float32, up with a binary mul by it, y rounded
 // once): gate_up alone, direct calls paired against this, 0.99-1.00x at 128 / 512 tokens; and a binary post-op
 // into a strided y (a block of its columns) runs on oneDNN 3.10's reference kernel: 35 s for one bfloat16 block
-// of 512 tokens x 1024 columns, k = 4096.
+// of 512 tokens x 1024 columns, k = 4096. Nor gate and up of a block in one call, a batch of 2 weight blocks
+// against x broadcast (x packed once, 11 calls instead of 22; oneDNN's brg_matmul took it): gate_up alone, 3 layers,
+// paired against the two calls with a bfloat16-output GEMM as the yardstick in the same rounds, 0.96x of it both
+// ways at 128 tokens and 0.95x at 192 (21 rounds; shorter runs had moved between -2% and +17%).
 constexpr int64_t kBlockRows = 1024;
 // The same where 16-bit weights are widened to float32 for oneDNN first (Op::w_d), so that a block's float32 rows
 // stay in the L3 (11 MB at k = 11008). bfloat16 llama-7b MLP on an AVX2 AMD EPYC (L3 32 MB), direct calls

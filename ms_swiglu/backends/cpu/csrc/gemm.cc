@@ -204,13 +204,12 @@ bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows
   return true;
 }
 
-// Runs body(op) with x widened where the path reads float32, or laid out as B tiles for the amx path (which
-// falls back to the skinny kernel where the tiles do not cover k or the `rows` it streams).
 // x [n, k] (`bytes`) copied to a buffer of the calling thread that starts half a page from w (mod 4 KB). The skinny
 // kernel's tiles load R weight rows and several rows of x at the same offset i; where k's rows are a multiple of
 // 4 KB (k = 4096 in bfloat16) every weight row falls in one L1 set, and x's rows with them wherever x starts at w's
 // offset in its page. MindSpore's allocator gave that to one layer in three of a llama-7b chain (both at 16 bytes
-// into a page), and there the layer ran 1.07-1.17x slower at 16-64 tokens (direct calls, bfloat16, AMD EPYC).
+// into a page); with every x so placed a 3-layer chain ran 1.08-1.17x slower at 16-64 tokens (direct calls,
+// bfloat16, AMD EPYC).
 const void *placed(const void *x, size_t bytes, const void *w) {
   thread_local std::vector<char> buf;  // grown once per calling thread
   buf.resize(std::max(buf.size(), bytes + 4096));
@@ -219,6 +218,9 @@ const void *placed(const void *x, size_t bytes, const void *w) {
   return buf.data() + at;
 }
 
+// Runs body(op) with x widened where the path reads float32, or laid out as B tiles for the amx path (which
+// falls back to the skinny kernel where the tiles do not cover k or the `rows` it streams), and for the skinny
+// kernel's multi-token tiles placed against the weights w.
 template <typename Body>
 bool run(const Linear &call, const void *w, int64_t rows, const Body &body) {
   Op op{call.d, call.yd < 0 ? call.d : call.yd, call.x, nullptr, nullptr, nullptr, call.n, call.k,

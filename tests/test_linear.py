@@ -86,6 +86,7 @@ def test_skinny_x_anywhere_in_its_page(dtype, skinny_only):
         for out in outs[1:]:
             np.testing.assert_array_equal(out, outs[0])
 
+
 @pytest.mark.parametrize("isa", kernels.isas())  # every ISA this CPU runs (the best also runs every other test)
 def test_skinny_every_isa(isa, skinny_only):
     best = kernels.isa()

@@ -12,6 +12,12 @@ namespace msw {
 struct f16 { uint16_t bits; };
 struct bf16 { uint16_t bits; };
 
+// The bytes from `buf` to its first address half a page (mod 4 KB) from `anchor`: rows a multiple of 4 KB apart
+// share L1 sets, and two arrays of such rows read side by side, one so placed, do not meet in them.
+inline size_t half_page_from(const void *anchor, const void *buf) {
+  return (reinterpret_cast<uintptr_t>(anchor) + 2048 - reinterpret_cast<uintptr_t>(buf)) % 4096;
+}
+
 inline float half_to_float(uint16_t h) {
   uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, bits;
   if (exp == 0x1F) {

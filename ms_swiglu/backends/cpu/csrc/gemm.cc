@@ -213,7 +213,7 @@ bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows
 const void *placed(const void *x, size_t bytes, const void *w) {
   thread_local std::vector<char> buf;  // grown once per calling thread
   buf.resize(std::max(buf.size(), bytes + 4096));
-  const uintptr_t at = (reinterpret_cast<uintptr_t>(w) + 2048 - reinterpret_cast<uintptr_t>(buf.data())) % 4096;
+  const size_t at = half_page_from(w, buf.data());
   std::memcpy(buf.data() + at, x, bytes);
   return buf.data() + at;
 }

@@ -28,6 +28,7 @@ from ms_swiglu.backends import chips
 from ms_swiglu.checkpoint import read_config, to_bf16_bits
 from ms_swiglu.config import TOLERANCE as TOL, preset as preset_shape
 from ms_swiglu.errors import InputError
+from ms_swiglu.packing import group_size
 from ms_swiglu.processes import alive, python
 from ms_swiglu.export.kit import AIR_DEFAULT_SHAPE, atc_command, converter_command, converter_config, write_scripts
 from ms_swiglu.export.mindir import graph_io, int8_parameters, op_types
@@ -39,6 +40,12 @@ TARGETS = {"ascend": "ascend", "portable": "composite", "cpu": "cpu"}
 DEVICE_T = {"float32": 2.0 ** -13, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
 WORK_PREFIX = ".ms_swiglu-export-"
 ARTIFACTS = ("manifest.json", "converter_lite.cfg", "convert_om.sh", "export_air.sh", "golden")
+
+
+def _quant_format(quant):
+    g = group_size(quant)
+    scales = f"a float32 scale per {g} inputs of each output row" if g else "a float32 scale per output row"
+    return f"int8, {scales} (w = scale * q), activations in the dtype"
 
 
 class ExportError(InputError):
@@ -65,7 +72,7 @@ class ExportRequest:
     force: bool = False
     air: bool = False  # AIR instead of MindIR (Ascend hosts only; deprecated in MindSpore 2.10)
     chip: str = chips.DEFAULT.key  # the Ascend chip family the kit is for (ms_swiglu.backends.chips)
-    quant: str = None  # "int8": weight-only int8 projections (a quantized converted file is int8 without it)
+    quant: str = None  # "int8" / "int8-g128": weight-only int8 projections (a quantized file is without it)
 
     def name(self, model):
         what = f"ffn{self.layers[0]}-{self.layers[1]}" if self.stack else f"mlp{self.layers[0]}"
@@ -350,8 +357,7 @@ def export(req):
                            "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP or MoE -> residual)"
                            if req.stack else type(net).__name__},
                 "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype, "moe": _moe_note(req),
-                "weights": {"quant": req.quant, "format": "int8 per output row, float32 scale (w = scale * q), "
-                            "activations in the dtype"} if req.quant else {"quant": None},
+                "weights": {"quant": req.quant, "format": _quant_format(req.quant)} if req.quant else {"quant": None},
                 "inputs": [{"name": input_name, "shape": shape, "dtype": req.dtype, "dynamic": [i for i, d in
                                                                                             enumerate(shape) if d < 0]}],
                 "outputs": [{"shape": shape, "dtype": req.dtype}],

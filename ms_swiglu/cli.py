@@ -87,7 +87,7 @@ def cmd_run(args):
 def cmd_convert(args):
     """Every rank's file is written in full beside its name, then all are put in place together: a failure
     leaves none, and each file names its set (``set``, ``tp_size``, ``rank``) so that a reader can tell a whole
-    set from the files an interrupted commit put in place. ``--quantize int8`` quantizes each whole projection
+    set from the files an interrupted commit put in place. ``--quantize`` quantizes each whole projection
     before it is sharded, so that every rank's rows carry the scales of the unsharded layer."""
     _count("--tp-size", args.tp_size)
     if os.path.isfile(args.checkpoint):
@@ -111,7 +111,7 @@ def cmd_convert(args):
             meta = metadata(config_json, dtype, args.quantize, args.tp_size, rank, layers, out.token)
             out.write(path, lambda tmp, t=tensors, m=meta: dump_safetensors(tmp, t, dtype, m, float32=float32))
         out.commit()
-    what = f"{dtype}, projections int8" if args.quantize else dtype
+    what = f"{dtype}, projections {args.quantize}" if args.quantize else dtype
     for path, tensors in zip(out.paths, ranks):
         print(f"wrote {path} ({len(tensors)} tensors, {what})")
     return 0
@@ -195,7 +195,8 @@ def build_parser():
     conv.add_argument("--tp-size", type=int, default=1)
     conv.add_argument("--dtype", choices=DTYPE_NAMES, help="default: the checkpoint's")
     conv.add_argument("--quantize", choices=QUANT,
-                      help="int8: the projections weight-only int8 with a float32 scale per output row")
+                      help="int8: the projections weight-only int8 with a float32 scale per output row; "
+                           "int8-g128: a scale per 128 inputs of each row")
     conv.add_argument("--force", action="store_true")
     conv.set_defaults(func=cmd_convert)
 

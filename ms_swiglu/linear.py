@@ -17,7 +17,7 @@ from ms_swiglu.backends import resolve
 from ms_swiglu.backends.matmul import cpu_upcast, matmul
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
-from ms_swiglu.packing import check_quant
+from ms_swiglu.packing import check_quant, scale_shape
 
 
 class Dense(nn.Dense):
@@ -48,12 +48,13 @@ class Linear(nn.Cell):
     """``x W^T`` (bias-free); with ``swiglu``, ``SiLU(gate) * up`` of the packed output ``[gate, up]``.
 
     ``quant="int8"``: weight-only int8 (W8A16), ``weight`` int8 and ``weight_scale`` float32 per output row
-    (``ms_swiglu.packing.quantize_int8``); ``x`` and the output stay in ``dtype``. Inference only.
+    (``ms_swiglu.packing.quantize_int8``); ``"int8-g128"``: a scale per 128 inputs of a row. ``x`` and the output
+    stay in ``dtype``. Inference only.
 
     Shapes:
         x:            [T, d_in]
         weight:       [d_out, d_in]  (int8 with quant)
-        weight_scale: [d_out]        (quant only)
+        weight_scale: [d_out]        (quant only; int8-g128: [d_out, d_in / 128])
         out:          [T, d_out], or [T, d_out / 2] with ``swiglu``
     """
 
@@ -64,7 +65,8 @@ class Linear(nn.Cell):
         self.dtype, self.quant = to_dtype(dtype), check_quant(quant)
         self.backend = resolve(backend)
         if quant:
-            self.weight, self.weight_scale = int8_parameters((d_out, d_in), "weight", (d_out,))
+            self.weight, self.weight_scale = int8_parameters((d_out, d_in), "weight",
+                                                             scale_shape(quant, (d_out,), d_in))
         else:
             self.weight = Parameter(initializer(HeUniform(math.sqrt(5)), [d_out, d_in], self.dtype), name="weight")
             self.weight_scale = None

@@ -26,11 +26,13 @@ class PackedSwiGLUMLP(nn.Cell):
 
     ``quant="int8"``: both projections weight-only int8, each row with its float32 scale (``*.weight_scale``:
     gate and up rows keep their own; down's scales cover whole rows, so every rank holds all H of them).
+    ``quant="int8-g128"``: a scale per 128 inputs of each row; each rank holds the groups of its down columns
+    (I/p a multiple of 128).
 
     Shapes:
         x:                   [T, H]
-        gate_up_proj.weight: [2I/p, H]   (int8 with quant; gate_up_proj.weight_scale [2I/p])
-        down_proj.weight:    [H, I/p]    (int8 with quant; down_proj.weight_scale [H])
+        gate_up_proj.weight: [2I/p, H]   (int8 with quant; gate_up_proj.weight_scale [2I/p], int8-g128 [2I/p, H/128])
+        down_proj.weight:    [H, I/p]    (int8 with quant; down_proj.weight_scale [H], int8-g128 [H, I/(128 p)])
         out:                 [T, H]
     """
 
@@ -87,7 +89,7 @@ def to_quantized(packed, quant="int8", backend=None):
         raise InputError(f"to_quantized: expected a float PackedSwiGLUMLP, got one quantized to {packed.quant}")
     mlp = PackedSwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=packed.compute_dtype,
                           backend=backend or packed.backend, tp_size=packed.tp_size, quant=check_quant(quant))
-    return load_weights(mlp, quantize_state_dict(weights(packed)))
+    return load_weights(mlp, quantize_state_dict(weights(packed), quant))
 
 
 def to_unpacked(packed):

@@ -19,7 +19,7 @@ from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
 from ms_swiglu.linear import Dense, int8_parameters
 from ms_swiglu.mlp import PackedSwiGLUMLP
-from ms_swiglu.packing import check_quant, check_tp
+from ms_swiglu.packing import check_quant, check_tp, scale_shape
 from ms_swiglu.parallel import reduce_cell
 from ms_swiglu.routers import SigmoidGroupTopK, SoftmaxTopK
 
@@ -40,10 +40,11 @@ class StackedExperts(nn.Cell):
         super().__init__()
         self.in_out = backend.experts_in_out
         gate_up, down = (num_experts, 2 * intermediate_size, hidden_size), (num_experts, hidden_size, intermediate_size)
-        if quant:  # int8, a float32 scale per output row of every expert
-            self.gate_up_proj, self.gate_up_proj_scale = int8_parameters(self.layout(gate_up), "gate_up_proj",
-                                                                         gate_up[:2])
-            self.down_proj, self.down_proj_scale = int8_parameters(self.layout(down), "down_proj", down[:2])
+        if quant:  # int8, float32 scales per output row (or group of its inputs) of every expert
+            self.gate_up_proj, self.gate_up_proj_scale = int8_parameters(
+                self.layout(gate_up), "gate_up_proj", scale_shape(quant, gate_up[:2], hidden_size))
+            self.down_proj, self.down_proj_scale = int8_parameters(
+                self.layout(down), "down_proj", scale_shape(quant, down[:2], intermediate_size))
         else:
             self.gate_up_proj = Parameter(initializer(HeUniform(np.sqrt(5)), self.layout(gate_up), dtype),
                                           name="gate_up_proj")

@@ -67,7 +67,10 @@ def unpack_state_dict(state):
     return out
 
 
-QUANT = ("int8",)  # weight-only quantizations (None: the weights in the compute dtype)
+# Weight-only quantizations (None: the weights in the compute dtype): symmetric int8 with a float32 scale per output
+# row ("int8"), or per group of 128 inputs of each row ("int8-g128": scales [..., M, K / 128]).
+QUANT = ("int8", "int8-g128")
+GROUP_SIZES = {"int8": None, "int8-g128": 128}
 
 
 def check_quant(quant):
@@ -76,22 +79,44 @@ def check_quant(quant):
     return quant
 
 
-def quantize_int8(w):
-    """Per-output-channel symmetric int8 (weight-only, W8A16): ``(q, scale)`` with ``w ~ scale[..., None] * q``,
-    ``q`` in [-127, 127] and ``scale = max|row| / 127`` in float32 (1 for a row of zeros). Every row keeps its own
-    scale, so packing ``[gate; up]`` and tensor-parallel sharding stay row operations on ``(q, scale)``.
+def group_size(quant):
+    """The inputs per scale of the quantization ``quant``: None for one scale per output row (and for no
+    quantization)."""
+    return GROUP_SIZES[check_quant(quant)] if quant else None
+
+
+def scale_shape(quant, rows, k):
+    """The shape of the scales of int8 weights ``[*rows, k]`` quantized by ``quant``."""
+    g = group_size(quant)
+    if g is None:
+        return tuple(rows)
+    if k % g:
+        raise InputError(f"quant {quant}: expected an input size that is a multiple of {g}, got {k}")
+    return (*rows, k // g)
+
+
+def quantize_int8(w, group=None):
+    """Symmetric int8 (weight-only, W8A16): ``(q, scale)`` with ``w ~ scale * q``, ``q`` in [-127, 127] and
+    ``scale = max|w| / 127`` in float32 (1 where all are zero) over each output row (``group`` None), or over each
+    ``group`` consecutive inputs of a row. Every row keeps its own scales, so packing ``[gate; up]`` and
+    tensor-parallel sharding of rows stay row operations on ``(q, scale)``; a column shard is one where it keeps
+    whole groups.
 
     Shapes:
-        w: [..., M, K] (float)    q: [..., M, K] int8    scale: [..., M] float32
+        w: [..., M, K] (float)    q: [..., M, K] int8    scale: [..., M] float32, or [..., M, K / group]
     """
     w = np.asarray(w, np.float32)
     if not np.isfinite(w).all():
         raise InputError(f"quantize: expected finite weights, got {int((~np.isfinite(w)).sum())} NaN/inf values "
                          f"in a {list(w.shape)} tensor")
-    amax = np.abs(w).max(-1) if w.shape[-1] else np.zeros(w.shape[:-1], np.float32)
+    k = w.shape[-1]
+    if group is not None and (group < 1 or k % group):
+        raise InputError(f"quantize: expected an input size that is a multiple of the group {group}, got {k}")
+    g = w.reshape(*w.shape[:-1], k // group, group) if group else w[..., None, :]  # [..., M, groups, g]
+    amax = np.abs(g).max(-1) if g.shape[-1] else np.zeros(g.shape[:-1], np.float32)
     scale = np.where(amax > 0, amax / 127, 1).astype(np.float32)
-    q = np.clip(np.rint(w / scale[..., None]), -127, 127).astype(np.int8)
-    return q, scale
+    q = np.clip(np.rint(g / scale[..., None]), -127, 127).astype(np.int8).reshape(w.shape)
+    return q, (scale if group else scale[..., 0])
 
 
 def quantized_name(name):
@@ -100,21 +125,25 @@ def quantized_name(name):
     return name.endswith(("gate_up_proj.weight", "down_proj.weight", "experts.gate_up_proj", "experts.down_proj"))
 
 
-def quantize_state_dict(state):
-    """``state`` with every projection weight (:func:`quantized_name`) as int8 and its scales beside it, named
-    ``{name}_scale``: ``gate_up_proj.weight`` -> ``gate_up_proj.weight`` (int8), ``gate_up_proj.weight_scale``."""
+def quantize_state_dict(state, quant="int8"):
+    """``state`` with every projection weight (:func:`quantized_name`) quantized by ``quant`` and its scales beside
+    it, named ``{name}_scale``: ``gate_up_proj.weight`` -> ``gate_up_proj.weight`` (int8), ``gate_up_proj.weight_scale``."""
     out = {}
     for name, w in state.items():
         if quantized_name(name):
-            out[name], out[f"{name}_scale"] = quantize_int8(w)
+            out[name], out[f"{name}_scale"] = quantize_int8(w, group_size(quant))
         else:
             out[name] = w
     return out
 
 
 def dequantize_int8(q, scale):
-    """The float32 weights ``scale[..., None] * q`` that an int8 ``(q, scale)`` stands for (exact)."""
-    return np.asarray(q, np.float32) * np.asarray(scale, np.float32)[..., None]
+    """The float32 weights ``scale * q`` that an int8 ``(q, scale)`` stands for (exact); scales ``[..., M]`` (per
+    row) or ``[..., M, groups]``."""
+    q, scale = np.asarray(q, np.float32), np.asarray(scale, np.float32)
+    if scale.ndim == q.ndim:
+        return (q.reshape(*scale.shape, -1) * scale[..., None]).reshape(q.shape)
+    return q * scale[..., None]
 
 
 def check_tp(inter, tp_size, rank=0):

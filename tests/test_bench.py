@@ -122,6 +122,20 @@ def test_bench_quant_stops_when_the_library_calls_are_not_the_graphs_computation
         bench_quant.speed(64, 176, [2], 1, 1, settle=0)
 
 
+def test_bench_quant_times_int8_g128_beside_int8():
+    from ms_swiglu.tools import bench_quant
+
+    rows = bench_quant.speed(256, 512, [2], 1, 2, settle=0, quants=("int8", "int8-g128"))
+    b, q, g = rows[0]["bfloat16"], rows[0]["int8"], rows[0]["int8-g128"]
+    # per row: a float32 scale per row (2I + H rows); per group: one per 128 inputs of each row
+    assert q["bytes"] == b["bytes"] // 2 + 4 * (2 * 512 + 256)
+    assert g["bytes"] == b["bytes"] // 2 + 4 * (2 * 512 * 256 // 128 + 256 * 512 // 128)
+    for quant, entry in (("int8", q), ("int8-g128", g)):
+        s = rows[0][f"{quant}/bf16 speedup"]
+        assert s["median"] == pytest.approx(b["median_ms"] / entry["median_ms"])
+        assert rows[0][f"{quant} library"]["bytes"] == entry["bytes"]
+
+
 def test_bench_quant_accuracy_compares_groups_of_128_where_they_divide():
     import numpy as np
 
@@ -160,9 +174,10 @@ def test_a_busy_neighbour_flags_the_rounds_and_they_are_retried():
         stats, dist = watched(variants, rounds=10, retries=1, warmup=1, settle=0.02)
         assert set(stats) == {"a", "b"} and dist["attempts"] == 2 and dist["flagged"]
         assert dist["fraction"] > 0.3 > DISTURBED and dist["other_cpu_s"] > 0.2
-        # the same neighbour, watched as one of ours (the torch peer is): no longer a disturbance
+        # the same neighbour, watched as one of ours (the torch peer is): no longer a disturbance. (Its CPU time,
+        # not the fraction: that also counts the hypervisor's steal, 14% in one run of the suite here.)
         _, own = watched(variants, rounds=10, pids=[busy.pid], retries=0, warmup=1, settle=0.02)
-        assert own["fraction"] < dist["fraction"] - 0.3 and own["attempts"] == 1
+        assert own["other_cpu_s"] < dist["other_cpu_s"] - 0.2 and own["attempts"] == 1
     finally:
         busy.kill()
         busy.wait()

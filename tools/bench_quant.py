@@ -1,11 +1,11 @@
 """Weight-only int8 against bfloat16 on the cpu backend: speed (interleaved, one process) and accuracy.
 
     python -m ms_swiglu.tools.bench_quant [--preset llama-7b] [--tokens 1 16 128 512] [--layers 3] [--rounds 7]
-                                          [--settle S] [--accuracy] [--json FILE]
+                                          [--quant int8 [int8-g128]] [--settle S] [--accuracy] [--json FILE]
 
 Speed: per token count, a chain of ``--layers`` packed MLPs with distinct weights (larger than the L3 together:
-every layer's weights come from memory, as in a model), bfloat16 weights against their int8 quantization, the
-activations bfloat16 in both; interleaved rounds with the disturbance accounting of ``tools/timing.py`` (other
+every layer's weights come from memory, as in a model), bfloat16 weights against their int8 quantization
+(``--quant``: per output row, and / or per group of 128 inputs), the activations bfloat16 in all; interleaved rounds with the disturbance accounting of ``tools/timing.py`` (other
 processes, steal, and the host's slow phases). At N=1 the 1 GiB read probe runs in the same rounds, and each
 variant's bytes per call (weights, and the int8 scales) over its median time is given as a fraction of the
 probe's median read bandwidth. The speed-up is also given paired by round (``tools/timing.py: paired``):
@@ -20,7 +20,7 @@ layers at one token read at 94-97% of the probe through the library and 82-83% t
 
 Accuracy (``--accuracy``, NumPy, float64): the MLP at the preset's shape with random weights (std 0.02) with
 outlier rows (1% of rows x20) or outlier input columns (1% of columns x20), int8 per output row (the package's
-format) and, for comparison, per group of 128 along the input where 128 divides H and I: max and mean relative
+format "int8") and per group of 128 along the input ("int8-g128") where 128 divides H and I: max and mean relative
 error of the output (to each row's max |y|) and the relative Frobenius error, against the float32 weights.
 """
 import argparse
@@ -31,7 +31,7 @@ import numpy as np
 
 from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import preset as preset_shape, PRESETS
-from ms_swiglu.packing import dequantize_int8, quantize_int8
+from ms_swiglu.packing import QUANT, dequantize_int8, quantize_int8
 from ms_swiglu.tools.probes import graph_call, host_probes, machine_line, read_sum
 from ms_swiglu.tools.timing import SETTLE_S, HostSpeed, add_settle_option, paired, watched, write_json
 
@@ -49,7 +49,7 @@ def _chain(hidden, inter, layers, quant):
     for seed in range(layers):
         ms.set_seed(seed)
         mlp = PackedSwiGLUMLP(hidden, inter, dtype=ms.bfloat16, backend="cpu")
-        mlps.append(to_quantized(mlp) if quant else mlp)
+        mlps.append(to_quantized(mlp, quant) if quant else mlp)
     net = nn.SequentialCell(mlps)
     net.set_inputs(ms.Tensor(shape=[None, hidden], dtype=ms.bfloat16))
     return net
@@ -102,13 +102,14 @@ def _entry(stats, name, nbytes, read=None):
     return entry
 
 
-def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S):
+def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8",)):
     import mindspore as ms  # noqa: PLC0415
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     print(machine_line())
-    nets = {"bfloat16": _chain(hidden, inter, layers, None), "int8": _chain(hidden, inter, layers, "int8")}
+    nets = {"bfloat16": _chain(hidden, inter, layers, None)}
+    nets.update({q: _chain(hidden, inter, layers, q) for q in quants})
     nbytes = {name: _bytes(net) for name, net in nets.items()}
     big = np.ones(READ_PROBE_FLOATS, np.float32)
     rows, host, graph_call_probe = [], HostSpeed(host_probes()), graph_call()
@@ -133,30 +134,31 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S):
         for name in nets:
             row[name] = _entry(stats, name, nbytes[name], read)
             row[f"{name} library"] = _entry(stats, f"{name} library", nbytes[name], read)
-        row["int8/bf16 speedup"] = {"median": stats["bfloat16"]["median_s"] / stats["int8"]["median_s"],
-                                    "min": stats["bfloat16"]["min_s"] / stats["int8"]["min_s"],
-                                    "paired": paired(stats, "bfloat16", "int8")}
+        for q in quants:
+            row[f"{q}/bf16 speedup"] = {"median": stats["bfloat16"]["median_s"] / stats[q]["median_s"],
+                                        "min": stats["bfloat16"]["min_s"] / stats[q]["min_s"],
+                                        "paired": paired(stats, "bfloat16", q)}
         if read:
             row["read_probe_GB/s"] = read
         rows.append(row)
-        _print_row(row)
+        for q in quants:
+            _print_row(row, q)
     return rows
 
 
-def _print_row(row):
-    n, b, q = row["tokens"], row["bfloat16"], row["int8"]
-    frac = (f"; read {row['read_probe_GB/s']:.1f} GB/s: bf16 {b['fraction_of_read']:.0%}, int8 "
-            f"{q['fraction_of_read']:.0%}") if "read_probe_GB/s" in row else ""
+def _print_row(row, q):
+    n, b, qr, s = row["tokens"], row["bfloat16"], row[q], row[f"{q}/bf16 speedup"]
+    frac = (f"; read {row['read_probe_GB/s']:.1f} GB/s: bf16 {b['fraction_of_read']:.0%}, {q} "
+            f"{qr['fraction_of_read']:.0%}") if "read_probe_GB/s" in row else ""
     flag = " DISTURBED" if row["disturbance"]["flagged"] else ""
-    print(f"N={n:4d}  bf16 {b['median_ms']:8.2f} ms (min {b['min_ms']:.2f})  int8 {q['median_ms']:8.2f} ms "
-          f"(min {q['min_ms']:.2f})  int8 speedup {row['int8/bf16 speedup']['median']:.2f}x "
-          f"(min {row['int8/bf16 speedup']['min']:.2f}x, {_paired(row['int8/bf16 speedup']['paired'])}){frac}; "
-          f"disturbance {row['disturbance']['fraction']:.1%}, slow host {row['disturbance']['slow_calls']:.0%}{flag}",
-          flush=True)
-    lb, lq = row["bfloat16 library"], row["int8 library"]
-    frac = (f", read: bf16 {lb['fraction_of_read']:.0%}, int8 {lq['fraction_of_read']:.0%}"
+    print(f"N={n:4d}  bf16 {b['median_ms']:8.2f} ms (min {b['min_ms']:.2f})  {q} {qr['median_ms']:8.2f} ms "
+          f"(min {qr['min_ms']:.2f})  {q} speedup {s['median']:.2f}x (min {s['min']:.2f}x, {_paired(s['paired'])})"
+          f"{frac}; disturbance {row['disturbance']['fraction']:.1%}, slow host "
+          f"{row['disturbance']['slow_calls']:.0%}{flag}", flush=True)
+    lb, lq = row["bfloat16 library"], row[f"{q} library"]
+    frac = (f", read: bf16 {lb['fraction_of_read']:.0%}, {q} {lq['fraction_of_read']:.0%}"
             if "read_probe_GB/s" in row else "")
-    print(f"        the library's calls alone: bf16 {lb['median_ms']:8.2f} ms, int8 {lq['median_ms']:8.2f} ms{frac}; "
+    print(f"        the library's calls alone: bf16 {lb['median_ms']:8.2f} ms, {q} {lq['median_ms']:8.2f} ms{frac}; "
           f"one graph call (x + 1) {row['graph_call_ms']['median']:.2f} ms", flush=True)
 
 
@@ -165,10 +167,9 @@ def _paired(p):
 
 
 def _quantize(w, group=0):
-    """Dequantized int8 weights: per output row (group 0: the package's format, ``quantize_int8``) or, for
-    comparison, per group of ``group`` inputs of a row (the same rule on each group)."""
-    g = w.reshape(w.shape[0], -1, group) if group else w
-    return dequantize_int8(*quantize_int8(g)).reshape(w.shape).astype(np.float64)
+    """Dequantized int8 weights: per output row (group 0: "int8") or per group of ``group`` inputs of a row
+    ("int8-g128"), by the package's ``quantize_int8``."""
+    return dequantize_int8(*quantize_int8(w, group or None)).astype(np.float64)
 
 
 def _mlp(x, gate_up, down):
@@ -212,6 +213,7 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128, 512])
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--quant", choices=QUANT, nargs="+", default=["int8"], help="the int8 formats against bfloat16")
     add_settle_option(p)
     p.add_argument("--accuracy", action="store_true", help="also the accuracy figures (NumPy, float64)")
     p.add_argument("--json")
@@ -221,7 +223,7 @@ def main(argv=None):
               "rounds": args.rounds, "settle_s": args.settle}
     if args.accuracy:
         result["accuracy"] = accuracy(hidden, inter)
-    result["speed"] = speed(hidden, inter, args.tokens, args.layers, args.rounds, args.settle)
+    result["speed"] = speed(hidden, inter, args.tokens, args.layers, args.rounds, args.settle, args.quant)
     if args.json:
         write_json(args.json, result)
     return 0

@@ -9,14 +9,15 @@ from ms_swiglu.backends.matmul import MatMulLinear, materialised_bytes
 from ms_swiglu.backends.native import AddOp, RMSNormOp
 from ms_swiglu.backends.spec import Backend, SwiGLUOp
 from ms_swiglu.errors import InputError
+from ms_swiglu.packing import group_size
 
 # Every op type an ascend-target graph of this package holds; each has an Ascend kernel. Anything else is refused.
 ASCEND_OPS = frozenset({
     # the dense MLP and the FFN block
     "Add", "Cast", "Depend", "Load", "MakeTuple", "MatMul", "Mul", "ReduceMean", "Reshape", "Rsqrt", "Shape",
     "Swiglu", "TupleGetItem", "UpdateState",
-    # weight-only int8 (W8A16)
-    "WeightQuantBatchMatmul",
+    # weight-only int8 (W8A16); per-group scales [M, G] enter it as [G, M]
+    "WeightQuantBatchMatmul", "Transpose",
     # no row, no kernel call (the Swiglu and MoE guards of dynamic-shape graphs): a run-time branch
     "Call", "Partial", "ScalarEq", "ScalarMul", "Switch", "Zeros",
     # the MoE block: the routers (softmax / sigmoid group top-k) and the grouped experts
@@ -60,27 +61,32 @@ def _check_quant_dtype(dtype, quant):
 
 
 class WeightQuantLinear(nn.Cell):
-    """``x (scale * q)^T`` by WeightQuantBatchMatmul (aclnnWeightQuantBatchMatmulV2, per-channel antiquant): the
-    int8 weights read as stored ([M, K]: ``transpose_weight``), the scales in the activations' dtype, as the op
-    takes them. Not run on hardware here.
+    """``x (scale * q)^T`` by WeightQuantBatchMatmul (aclnnWeightQuantBatchMatmulV2): the int8 weights read as
+    stored ([M, K]: ``transpose_weight``), the scales in the activations' dtype, as the op takes them: per-channel
+    ``[M]``, or per group (``antiquant_group_size``) ``[ceil(K / group), M]`` (the op's documented per-group
+    shape, which vllm-ascend passes too; ours ``[M, G]`` transposed). Not run on hardware here.
 
     Shapes:
-        x: [T, K]    w: [M, K] int8    scale: [M]    out: [T, M]
+        x: [T, K]    w: [M, K] int8    scale: [M] (int8-g128: [M, K/128])    out: [T, M]
     """
 
-    def __init__(self):
+    def __init__(self, group=None):
         super().__init__()
-        self.wqbmm = WeightQuantBatchMatmul(transpose_x=False, transpose_weight=True, antiquant_group_size=0)
+        self.grouped = group is not None
+        self.wqbmm = WeightQuantBatchMatmul(transpose_x=False, transpose_weight=True, antiquant_group_size=group or 0)
 
     def construct(self, x, w, scale):
         shape = ops.shape(x)
-        y = self.wqbmm(x.reshape(-1, shape[-1]), w, scale.astype(x.dtype))  # [T, K] x [M, K]^T -> [T, M]
+        scale = scale.astype(x.dtype)
+        if self.grouped:
+            scale = ops.transpose(scale, (1, 0))  # [M, G] -> [G, M]
+        y = self.wqbmm(x.reshape(-1, shape[-1]), w, scale)  # [T, K] x [M, K]^T -> [T, M]
         return y.reshape(shape[:-1] + (ops.shape(y)[-1],))
 
 
 def _linear(dtype, swiglu, quant=None):
     _check_quant_dtype(dtype, quant)
-    return MatMulLinear(BACKEND, dtype, swiglu, quant, WeightQuantLinear() if quant else None)
+    return MatMulLinear(BACKEND, dtype, swiglu, quant, WeightQuantLinear(group_size(quant)) if quant else None)
 
 
 class GroupedExperts(nn.Cell):
@@ -99,6 +105,9 @@ class GroupedExperts(nn.Cell):
     def __init__(self, dtype, quant=None):
         super().__init__()
         _check_quant_dtype(dtype, quant)
+        if group_size(quant):
+            raise InputError(f"backend ascend, MoE experts, quant {quant}: expected int8 (per-channel scales); "
+                             f"GroupedMatmulV4 documents per-group antiquant for int4 weights only")
         self.init_routing, self.gmm, self.unpermute = MoeInitRoutingV2(), GroupedMatmulV4(), MoeTokenUnpermute()
 
     def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None):

@@ -27,8 +27,14 @@ def matmul(mm, x, w, upcast):
 
 
 def dequantize(w, scale, dtype):
-    """int8 weights ``[..., M, K]`` and their scales ``[..., M]`` as ``scale * q`` in ``dtype`` (float32 inside)."""
-    return (w.astype(mstype.float32) * scale.expand_dims(-1)).astype(dtype)
+    """int8 weights ``[..., M, K]`` and their scales ``[..., M]`` (per row) or ``[..., M, G]`` (per K / G inputs)
+    as ``scale * q`` in ``dtype`` (float32 inside)."""
+    q = w.astype(mstype.float32)
+    if scale.ndim < q.ndim:
+        return (q * scale.expand_dims(-1)).astype(dtype)
+    shape = ops.shape(q)  # [..., M, K] -> [..., M, G, K / G]
+    groups = q.reshape(shape[:-1] + (ops.shape(scale)[-1], -1))
+    return (groups * scale.expand_dims(-1)).reshape(shape).astype(dtype)
 
 
 class MatMulLinear(nn.Cell):
@@ -36,7 +42,7 @@ class MatMulLinear(nn.Cell):
     are dequantized first, or multiplied by ``quant_matmul(x, w, scale)`` where the backend has one.
 
     Shapes:
-        x: [T, K]    w: [M, K] (int8 with scale [M])    out: [T, M], or [T, M/2] with ``swiglu``
+        x: [T, K]    w: [M, K] (int8 with scale [M] or [M, K/128])    out: [T, M], or [T, M/2] with ``swiglu``
     """
 
     def __init__(self, backend, dtype, swiglu, quant=None, quant_matmul=None):

@@ -18,7 +18,8 @@ class Backend:
     # () -> SwiGLUOp: [T, 2I] ([gate, up]) -> [T, I] = SiLU(gate) * up
     swiglu: Callable
     # (dtype, swiglu, quant) -> Cell (x [T, K], w [M, K], scale) -> x w^T [T, M], or with swiglu its SwiGLU
-    # [T, M/2]; quant None: w in dtype and scale None; "int8": w int8 and scale [M] float32, w = scale[:, None] * q
+    # [T, M/2]; quant None: w in dtype and scale None; "int8": w int8 and scale [M] float32, w = scale[:, None] * q;
+    # "int8-g128": scale [M, K/128], each for 128 inputs of its row
     linear: Callable
     # (dtype, quant) -> Cell (x [T, H], ids [T, k] int32, weights [T, k] float32, w_gate_up, w_down, s_gate_up,
     # s_down) -> [T, H]: the routed experts of a MoE block, sum_j weights[t, j] * expert_ids[t, j](x[t]), every

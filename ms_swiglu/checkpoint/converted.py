@@ -5,9 +5,10 @@ No MindSpore here.
 One layer's tensors, by kind (the arrays of ``hf.load_dense_layer`` / ``hf.load_moe_layer``), stored as
 ``model.layers.{layer}.{block}.`` + ``gate_up_proj.weight`` / ``down_proj.weight`` (dense) or ``gate.weight``,
 ``experts.gate_up_proj.weight``, ``experts.down_proj.weight`` and the family's shared expert and bias (MoE).
-Quantized: each projection int8, its float32 scales beside it as ``{name}_scale`` (kind ``{kind}_scale``).
+Quantized: each projection int8, its float32 scales beside it as ``{name}_scale`` (kind ``{kind}_scale``): per
+row, or (int8-g128) per 128 inputs of a row.
 Sharded: gate/up rows (and their scales) by ``packing.shard_packed``, down columns by ``packing.shard_down``, down's
-scales (whole rows) and the rest replicated.
+per-row scales (whole rows) and the rest replicated; down's per-group scales by the groups of the rank's columns.
 """
 import glob
 import json
@@ -16,7 +17,7 @@ import os
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
 from ms_swiglu.checkpoint import hf
 from ms_swiglu.checkpoint.hf import load_dense_layer, load_moe_layer, parse_config
-from ms_swiglu.packing import QUANT, quantize_int8, shard_down, shard_packed
+from ms_swiglu.packing import QUANT, group_size, quantize_int8, shard_down, shard_packed
 
 FORMAT = "ms_swiglu.packed"
 ROWS, COLUMNS = ("gate_up", "shared_gate_up"), ("down", "shared_down")  # how the projections shard
@@ -75,13 +76,14 @@ def read_hf_layer(config, folder, layer, tp_size=1, rank=0):
 
 
 def quantize_layer(tensors, quant):
-    """The layer with every projection quantized (``quant``: "int8"), its scales beside it (``{kind}_scale``)."""
+    """The layer with every projection quantized (``quant``: one of ``packing.QUANT``), its scales beside it
+    (``{kind}_scale``)."""
     if quant not in QUANT:
         raise CheckpointError(f"quantize: expected one of {', '.join(QUANT)}, got {quant!r}")
     out = dict(tensors)
     for kind in ROWS + COLUMNS:
         if kind in tensors:
-            out[kind], out[kind + SCALE] = quantize_int8(tensors[kind])
+            out[kind], out[kind + SCALE] = quantize_int8(tensors[kind], group_size(quant))
     return out
 
 
@@ -89,14 +91,22 @@ def shard_layer(tensors, tp_size, rank):
     """Rank ``rank``'s part of a layer (all ranks' arrays, as :func:`read_hf_layer` / :func:`quantize_layer` give)."""
     out = {}
     for kind, a in tensors.items():
-        if kind in ROWS:
-            out[kind] = shard_packed(a, tp_size, rank)  # [..., 2I/p, H]
-        elif kind.removesuffix(SCALE) in ROWS:
+        weight = kind.removesuffix(SCALE)
+        grouped = weight != kind and a.ndim == tensors[weight].ndim  # scales [..., rows, groups]
+        if kind in ROWS or (weight in ROWS and grouped):
+            out[kind] = shard_packed(a, tp_size, rank)  # [..., 2I/p, H] (scales [..., 2I/p, H/128])
+        elif weight in ROWS:
             out[kind] = shard_packed(a[..., None], tp_size, rank)[..., 0]  # [..., 2I/p]: each row its scale
         elif kind in COLUMNS:
             out[kind] = shard_down(a, tp_size, rank)  # [..., H, I/p]
+        elif weight in COLUMNS and grouped:
+            inter, groups = tensors[weight].shape[-1], a.shape[-1]
+            if (inter // tp_size) % (inter // groups):
+                raise CheckpointError(f"{weight}: expected I/p a multiple of the group {inter // groups} for "
+                                      f"--tp-size {tp_size}, got I/p = {inter // tp_size}")
+            out[kind] = shard_down(a, tp_size, rank)  # [..., H, I/(128 p)]: the groups of the rank's columns
         else:
-            out[kind] = a  # down's scales [..., H] (whole rows), router, bias, shared gate: replicated
+            out[kind] = a  # down's per-row scales [..., H] (whole rows), router, bias, shared gate: replicated
     return out
 
 

@@ -2,7 +2,7 @@
 with ``tp_size`` > 1, rank ``rank``'s part, read as such from the checkpoint) or from the files ``ms-swiglu
 convert`` wrote (packed, and quantized if they are).
 
-``dtype``: the compute dtype; ``None`` keeps the checkpoint's. ``quant``: "int8" quantizes a float checkpoint's
+``dtype``: the compute dtype; ``None`` keeps the checkpoint's. ``quant`` ("int8", "int8-g128") quantizes a float checkpoint's
 projections at load (weight-only; ``ms_swiglu.packing.quantize_int8``); a quantized file loads quantized.
 """
 from ms_swiglu.checkpoint.converted import (SCALE, ConvertedFile, is_converted, quantize_layer, read_config,

@@ -42,10 +42,11 @@ class FusedLinear(nn.Cell):
     """``x W^T`` in one C++ call (``Linear``), or with ``swiglu`` the SwiGLU of the packed output as the GEMM's
     epilogue (``GateUpSwiglu``: [T, 2I] never exists). The backward runs MindSpore's MatMul in float32; with
     ``swiglu`` it recomputes ``[gate, up]`` first. int8 weights (``quant``) are read as int8 and widened in the
-    kernel, their scales applied to the float32 sums (inference only: no backward).
+    kernel, per-row scales applied to the float32 sums; per-group scales (int8-g128) dequantize a few rows at a
+    time to the dtype the GEMM reads (inference only: no backward).
 
     Shapes:
-        x: [T, K]    w: [M, K] (int8 with scale [M] float32)    out: [T, M], or [T, M/2] with ``swiglu``
+        x: [T, K]    w: [M, K] (int8 with scale [M] or [M, K/128] float32)    out: [T, M], or [T, M/2] with ``swiglu``
     """
 
     def __init__(self, dtype, swiglu, quant=None):
@@ -82,7 +83,7 @@ class GroupedExperts(nn.Cell):
     Shapes:
         x: [T, H]    ids: [T, k] int32    weights: [T, k] float32
         w_gate_up: [E, 2I, H] (each [gate_e; up_e])    w_down: [E, H, I]    out: [T, H]
-        int8: w_* int8, s_gate_up: [E, 2I] float32, s_down: [E, H] float32
+        int8: w_* int8, s_gate_up: [E, 2I] float32, s_down: [E, H] float32 (int8-g128: [E, 2I, H/128], [E, H, I/128])
     """
 
     def __init__(self, dtype, quant=None):

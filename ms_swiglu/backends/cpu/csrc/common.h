@@ -116,12 +116,20 @@ struct IsaKernels {
   // y = x / sqrt(mean(x^2) + eps) * w over one row of h elements
   void (*rms_norm_row[kDtypes])(const void *x, const void *w, int64_t h, float eps, void *y);
   void (*add[kDtypes])(const void *a, const void *b, void *y, int64_t n);  // y = a + b
-  // int8 weights (weight-only quantization): skinny over w [m, k] int8, unscaled sums; and int8 -> dtype, exact
+  // int8 weights (weight-only quantization): skinny over w [m, k] int8, unscaled sums; and int8 [rows, k] ->
+  // dtype, exact, or (scale [rows, groups], not nullptr) times each group's scale, rounded once
   void (*skinny_q8)(const float *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
-  void (*widen_q8[kDtypes])(const int8_t *src, void *dst, int64_t rows, int64_t k);  // [rows, k] row-major
+  void (*widen_q8[kDtypes])(const int8_t *src, void *dst, int64_t rows, int64_t k, const float *scale,
+                            int64_t groups);
+  // one token, float32 x, int8 w [m, k] with group-wise scales [m, groups] (k / groups a multiple of 16): y [m]
+  void (*skinny_q8g)(const float *x, int64_t k, const void *w, int64_t m, float *y, const float *scale,
+                     int64_t groups);
   // the skinny kernel for bfloat16 x on AVX512-BF16 (VDPBF16PS), bfloat16 and int8 weights; nullptr on other ISAs
   void (*skinny_bf16)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
   void (*skinny_bf16_q8)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
+  // the same from 2 tokens with group-wise scales [m, groups] (k / groups a power of two, 32 or more)
+  void (*skinny_bf16_q8g)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy,
+                          const float *scale, int64_t groups);
   // one token with int8 weights on AVX512-VNNI: x split for VPDPWSSD (false: the float kernel takes it), then y [m]
   bool (*split_x)(const float *x, int64_t k, SplitX &out);
   void (*skinny_q8_parts)(const SplitX &x, int64_t k, const void *w, int64_t m, float *y);

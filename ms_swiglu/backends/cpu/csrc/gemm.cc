@@ -77,6 +77,8 @@ constexpr int64_t kWideRows = 256;
 // interleaved, paired by round, 4 runs each: bfloat16 1.01-1.10x at 16 tokens and 1.04-1.05x at 32, int8 weights
 // 1.00-1.11x and 0.97-1.06x; one token 0.97-1.16x; float32 at 8 tokens 0.95x in one run).
 constexpr int64_t kSkinnyRows = 256, kSkinnyCols = 128;
+// Bytes of int8 rows with group-wise scales dequantized at a time for the skinny kernel (Op::stream_grouped): in L2.
+constexpr int64_t kDequantBytes = 256 << 10;
 // Rows per call of the amx path above 16 tokens, where it shares the tokens' tiles between panels (amx.cc).
 constexpr int64_t kAmxRows = 256;
 // Elements below which a widening pass runs in the calling thread alone (waking the pool costs more).
@@ -113,7 +115,8 @@ struct Op {
   int64_t n, k;
   Path path;
   const IsaKernels *ik;
-  const float *scale;  // int8 weights: per-row scales; nullptr: weights in dtype d
+  const float *scale;  // int8 weights: their scales [m, groups]; nullptr: weights in dtype d
+  int64_t groups;
   // one token of 16-bit x with int8 weights: x split in two int16 parts for VPDPWSSD (IsaKernels::split_x; 3 cold
   // llama-7b layers, bfloat16 x, direct calls interleaved with the float32 FMA kernel, paired by round, 5 runs on
   // an Intel Xeon with AMX: 1.05-1.10x, int8 read at 26-31 GB/s against 22-28, the read probe 30-34). Not
@@ -123,6 +126,7 @@ struct Op {
   int w_d() const { return w_dtype(d); }  // the weights as oneDNN's operand (int8: widened to it)
   int sx_d() const { return w_d() == d ? d : kF32; }  // x as the swapped path's weights operand
   int64_t block_rows() const { return !scale && widened(d) ? kWideRows : kBlockRows; }
+  bool grouped() const { return scale && groups > 1; }  // int8 weights with group-wise scales
   // the skinny kernel reads x as it is: bfloat16 x on VDPBF16PS (int8 weights widened to bfloat16 in registers,
   // from 2 tokens: at one the float32 FMA kernel ran faster in 8 of 11 interleaved runs, 0.92-1.21x, median 1.04x,
   // llama-7b gate_up + down, AMD EPYC)
@@ -135,7 +139,7 @@ struct Op {
   const char *row(const void *w, int64_t r) const { return static_cast<const char *>(w) + r * k * ws(); }
   // c[t * ldc + j] *= scale[r0 + j]: int8 weights' per-row scales, applied to the float32 sums
   void rescale(int64_t r0, int64_t rows, float *c, int64_t ldc, bool transposed = false) const {
-    if (!scale) return;
+    if (!scale || grouped()) return;
     for (int64_t t = 0; t < n; ++t)
       for (int64_t j = 0; j < rows; ++j) (transposed ? c[j * ldc + t] : c[t * ldc + j]) *= scale[r0 + j];
   }
@@ -143,6 +147,17 @@ struct Op {
   int64_t step(int64_t skinny_rows) const { return path == kAmx && n > 16 ? kAmxRows : skinny_rows; }
   // c[t * ldc + j] = sum_k x[t, k] w[r0 + j, k], j < rows: the weight-streaming kernel of the path
   void stream(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
+    // group-wise scales: in the kernel at one token (each group's float32 sum times its scale) and for bfloat16 x
+    // on VDPBF16PS (the int8 rows widened times their scales); else the rows dequantized first (stream_grouped).
+    // llama-7b, 3 layers, bfloat16, against bfloat16 weights: 1.84-1.92x at one token, where dequantizing first
+    // ran 0.79x; 0.80-0.89x at 16 tokens (dequantized first 0.68-0.70x).
+    if (grouped() && path == kSkinny && n == 1 && k / groups % 16 == 0)
+      return ik->skinny_q8g(xf, k, row(w, r0), rows, c, scale + r0 * groups, groups);
+    const int64_t g = grouped() ? k / groups : 0;
+    if (grouped() && path == kSkinny && bf16_dot() && g >= 32 && (g & (g - 1)) == 0)
+      return ik->skinny_bf16_q8g(static_cast<const bf16 *>(x), n, k, row(w, r0), rows, c, ldc, scale + r0 * groups,
+                                 groups);
+    if (grouped()) return stream_grouped(w, r0, rows, c, ldc);
     const void *w_rows = row(w, r0);
     if (path == kAmx && scale) {  // int8 on tiles: widened to bfloat16 as the panels are packed
       amx::rows(xv, n, k, static_cast<const int8_t *>(w_rows), rows, c, ldc, xsum);
@@ -160,6 +175,22 @@ struct Op {
       ik->skinny[d](xf, n, k, w_rows, rows, c, ldc);
     }
     rescale(r0, rows, c, ldc);
+  }
+  // stream() over int8 rows with group-wise scales: dequantized to dtype d a few rows at a time into a buffer of the
+  // calling thread (in L2, half a page from the x the kernel reads), each piece streamed as weights of dtype d
+  void stream_grouped(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
+    Op f = *this;
+    f.scale = nullptr;
+    const int64_t piece = std::max<int64_t>(16, kDequantBytes / (k * es()) / 16 * 16);  // (amx: m % 16 == 0)
+    thread_local std::vector<char> buf;  // grown once per calling thread
+    buf.resize(std::max(buf.size(), size_t(piece * k * es() + 4096)));
+    char *to = buf.data() + half_page_from(f.bf16_dot() ? x : static_cast<const void *>(xf), buf.data());
+    for (int64_t i0 = 0; i0 < rows; i0 += piece) {
+      const int64_t p = std::min(piece, rows - i0);
+      ik->widen_q8[d](reinterpret_cast<const int8_t *>(row(w, r0 + i0)), to, p, k, scale + (r0 + i0) * groups,
+                      groups);
+      f.stream(to, 0, p, c + i0, ldc);
+    }
   }
 };
 
@@ -185,7 +216,10 @@ bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows
                 : onednn::gemm(op.a_d(), op.a(), op.n, wd, w_rows, m, op.k, kF32, cm, ldc);
   };
   if (!op.scale && wd == op.d) return gemm(op.row(w, r0), rows, c);
-  if (op.scale && !swap && onednn::takes_q8(op.a_d()))
+  // (group-wise scales through oneDNN's weight decompression with grouped scales, [groups, rows] per block:
+  // llama-7b, 3 layers, bfloat16, 0.90x / 0.91x of bfloat16 weights at 128 / 512 tokens paired, against 0.84-0.88x
+  // for the block dequantized here first at 128: no gain that the noise shows, not kept)
+  if (op.scale && !op.grouped() && !swap && onednn::takes_q8(op.a_d()))
     return onednn::gemm_q8(op.a_d(), op.a(), op.n, reinterpret_cast<const int8_t *>(op.row(w, r0)), op.scale + r0,
                            rows, op.k, kF32, c, ldc);
   thread_local std::vector<char> wide;  // grown once per calling thread (no page faults per call)
@@ -195,7 +229,8 @@ bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows
   parallel_ranges(rows, [&](int64_t i0, int64_t i1) {
     char *to = buf + i0 * op.k * wes;
     if (op.scale)
-      op.ik->widen_q8[wd](reinterpret_cast<const int8_t *>(op.row(w, r0 + i0)), to, i1 - i0, op.k);
+      op.ik->widen_q8[wd](reinterpret_cast<const int8_t *>(op.row(w, r0 + i0)), to, i1 - i0, op.k,
+                          op.grouped() ? op.scale + (r0 + i0) * op.groups : nullptr, op.groups);
     else
       op.ik->to_float[op.d](op.row(w, r0 + i0), reinterpret_cast<float *>(to), (i1 - i0) * op.k);
   }, kSerialElements / std::max<int64_t>(op.k, 1));
@@ -224,7 +259,7 @@ const void *placed(const void *x, size_t bytes, const void *w) {
 template <typename Body>
 bool run(const Linear &call, const void *w, int64_t rows, const Body &body) {
   Op op{call.d, call.yd < 0 ? call.d : call.yd, call.x, nullptr, nullptr, nullptr, call.n, call.k,
-        path(call.d, call.n, call.expert, call.scale != nullptr), &isa(), call.scale};
+        path(call.d, call.n, call.expert, call.scale && call.groups == 1), &isa(), call.scale, call.groups};
   if (op.path == kAmx && !amx::takes(op.k, rows)) op.path = kSkinny;
   amx::TileVector<uint16_t> xv;
   if (op.path == kAmx) {
@@ -235,7 +270,7 @@ bool run(const Linear &call, const void *w, int64_t rows, const Body &body) {
     op.xv = xv.data();
   }
   std::vector<float> xsum;
-  if (op.path == kAmx && op.scale) {
+  if (op.path == kAmx && op.scale && !op.grouped()) {
     xsum.resize(op.n);
     parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
       amx::q8_sums(static_cast<const uint16_t *>(op.x), op.n, op.k, xsum.data(), t0, t1);
@@ -259,7 +294,7 @@ bool run(const Linear &call, const void *w, int64_t rows, const Body &body) {
       op.xf = static_cast<const float *>(placed(op.xf, op.n * op.k * sizeof(float), w));
   }
   SplitX split;
-  if (op.path == kSkinny && op.scale && op.n == 1 && op.d != kF32 && op.ik->split_x &&
+  if (op.path == kSkinny && op.scale && !op.grouped() && op.n == 1 && op.d != kF32 && op.ik->split_x &&
       op.ik->split_x(op.xf, op.k, split))
     op.split = &split;
   return body(op);
@@ -349,7 +384,7 @@ bool linear(const Linear &call, const void *w, int64_t m, void *y) {
   return run(call, w, m, [&](const Op &op) {
     if (op.path == kOnednn && !op.scale && op.w_d() == op.d)
       return onednn::gemm(op.a_d(), op.a(), op.n, op.d, w, m, op.k, op.yd, y, m);
-    if (op.path == kOnednn && op.scale && onednn::takes_q8(op.a_d()) &&  // (else through a float32 block)
+    if (op.path == kOnednn && op.scale && !op.grouped() && onednn::takes_q8(op.a_d()) &&  // (else in blocks)
         onednn::gemm_q8(op.a_d(), op.a(), op.n, static_cast<const int8_t *>(w), op.scale, m, op.k, op.yd, y, m))
       return true;
     if (op.path == kSwapped || op.path == kOnednn) {  // (plain with widened weights: in a float32 block)

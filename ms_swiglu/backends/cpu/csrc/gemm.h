@@ -28,9 +28,14 @@ struct Linear {
   int64_t n, k;
   int yd = -1;  // -1: d
   bool expert = false;
-  // int8 weights (weight-only quantization): w [m, k] int8 with per-row float32 scales, w[j] = scale[j] * q[j];
-  // nullptr: w in dtype d. The weights are read as int8 and widened in the kernel, exactly.
+  // int8 weights (weight-only quantization): w [m, k] int8 with float32 scales [m, groups], each for k / groups
+  // inputs of its row: w[j, i] = scale[j, i / (k / groups)] * q[j, i]; nullptr: w in dtype d. One group (a scale
+  // per row): the int8 rows are widened in the kernel, exactly, and the scales applied to the float32 sums. More:
+  // at one token each group's float32 sum is multiplied by its scale (exact products); elsewhere q * scale is
+  // rounded once to the dtype the GEMM reads (as Ascend's antiquant does), in registers (bfloat16 x on
+  // VDPBF16PS) or into a buffer first.
   const float *scale = nullptr;
+  int64_t groups = 1;
 };
 
 bool linear(const Linear &op, const void *w, int64_t m, void *y);               // y [n, m] = x w^T

@@ -23,7 +23,7 @@ int dtype_index(const char *name) {
   return -1;
 }
 
-#define MSW_TABLE(ns, skinny_bf16, skinny_bf16_q8, split_x, skinny_q8_parts)                             \
+#define MSW_TABLE(ns, skinny_bf16, skinny_bf16_q8, skinny_bf16_q8g, split_x, skinny_q8_parts)                             \
   IsaKernels {                                                                              \
     #ns, {ns::fwd<float>, ns::fwd<f16>, ns::fwd<bf16>}, {ns::bwd<float>, ns::bwd<f16>, ns::bwd<bf16>}, \
         {ns::to_float<float>, ns::to_float<f16>, ns::to_float<bf16>},                       \
@@ -32,7 +32,8 @@ int dtype_index(const char *name) {
         {ns::skinny<float>, ns::skinny<f16>, ns::skinny<bf16>},                             \
         {ns::rms_norm_row<float>, ns::rms_norm_row<f16>, ns::rms_norm_row<bf16>},           \
         {ns::add<float>, ns::add<f16>, ns::add<bf16>},                                      \
-        ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}, skinny_bf16, skinny_bf16_q8, \
+        ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}, ns::skinny_q8g,   \
+        skinny_bf16, skinny_bf16_q8, skinny_bf16_q8g,                                       \
         split_x, skinny_q8_parts                                                            \
   }
 
@@ -83,10 +84,11 @@ namespace generic {
 
 namespace {
 const IsaKernels kIsas[] = {  // best first
-    MSW_TABLE(avx512bf16, (avx512bf16::skinny<bf16, bf16>), (avx512bf16::skinny<int8_t, bf16>), avx512bf16::split_x,
-              avx512bf16::skinny_q8_parts),
-    MSW_TABLE(avx512, nullptr, nullptr, nullptr, nullptr), MSW_TABLE(avx2, nullptr, nullptr, nullptr, nullptr),
-    MSW_TABLE(generic, nullptr, nullptr, nullptr, nullptr)};
+    MSW_TABLE(avx512bf16, (avx512bf16::skinny<bf16, bf16>), (avx512bf16::skinny<int8_t, bf16>),
+              avx512bf16::skinny_bf16_q8g, avx512bf16::split_x, avx512bf16::skinny_q8_parts),
+    MSW_TABLE(avx512, nullptr, nullptr, nullptr, nullptr, nullptr),
+    MSW_TABLE(avx2, nullptr, nullptr, nullptr, nullptr, nullptr),
+    MSW_TABLE(generic, nullptr, nullptr, nullptr, nullptr, nullptr)};
 
 int best_isa() {
   __builtin_cpu_init();

@@ -9,9 +9,10 @@
 //                    y[t] = sum_j weights[t, j] * (h[row of (t, j)] w_down,e^T), summed in float32
 //
 //   QLinear, QGateUpSwiglu, QMoeGateUpSwiglu, QMoeDownCombine: the same with weight-only int8, w int8 followed
-//                    by its per-row float32 scales (scale [M]; the Moe ops [E, 2I] and [E, H]),
-//                    w[row] = scale[row] * q[row], widened exactly. (Their own names: MindSpore keeps one
-//                    registration per aot op name.)
+//                    by its float32 scales: per row (scale [M]; the Moe ops [E, 2I] and [E, H]), w[row] =
+//                    scale[row] * q[row], widened exactly; or per group of K / G inputs (scale [M, G]; [E, 2I, G],
+//                    [E, H, G]), msw::Linear::scale. (Their own names: MindSpore keeps one registration per aot
+//                    op name.)
 //   RmsNorm       x [..., H], w [H], eps [1] float32       ->  y [..., H] = x / sqrt(mean(x^2) + eps) * w
 //   Add           a [...], b [...] (one shape)             ->  y = a + b (the residual connection)
 //
@@ -76,6 +77,14 @@ int quantized(int nparam, const char **dtypes, int w, int with_scales) {
   return nparam == with_scales && is(dtypes[w], "int8") && msw::dtype_index(dtypes[w + 1]) == msw::kF32 ? 1 : -1;
 }
 
+// The groups of int8 scales with `lead` leading dimensions (lead_dims), then the weights' rows ([..., rows]: one
+// scale per row; [..., rows, groups]: groups of k / groups inputs), or 0 when they do not fit.
+int64_t scale_groups(int ndim, const int64_t *shape, int lead, const int64_t *lead_dims, int64_t k) {
+  if ((ndim != lead && ndim != lead + 1) || !std::equal(lead_dims, lead_dims + lead, shape)) return 0;
+  const int64_t groups = ndim == lead + 1 ? shape[lead] : 1;
+  return groups >= 1 && k % groups == 0 ? groups : 0;
+}
+
 // A linear op's call (x, w, y) or, int8, (x, w, scale, y): 0, or the aot status code. `packed`: w is
 // [gate; up] and y gets the SwiGLU.
 template <typename Body>
@@ -87,7 +96,8 @@ int run_linear(int nparam, void **params, int *ndims, int64_t **shapes, const ch
   if (d < 0 || !is(dtypes[y], dtypes[0]) || (!q && !is(dtypes[1], dtypes[0]))) return 2;
   int64_t n, k, m;
   if (!linear_shapes(ndims, shapes, &n, &k, &m) || (packed && m % 2)) return 3;
-  if (q && (ndims[2] != 1 || shapes[2][0] != m)) return 3;
+  const int64_t groups = q ? scale_groups(ndims[2], shapes[2], 1, &m, k) : 1;
+  if (groups < 1) return 3;
   const int64_t out = packed ? m / 2 : m;
   if (n * out == 0) return 0;
   if (k == 0) {
@@ -96,6 +106,7 @@ int run_linear(int nparam, void **params, int *ndims, int64_t **shapes, const ch
   }
   msw::Linear call{d, params[0], n, k};
   call.scale = q ? static_cast<const float *>(params[2]) : nullptr;
+  call.groups = groups;
   return body(call, params[1], out, params[y]) ? 0 : 4;
 }
 
@@ -188,10 +199,10 @@ static std::vector<int64_t> gate_up_shape(int *ndims, int64_t **shapes) {
   return linear_out_shape(ndims, shapes, true);
 }
 
-// The experts' ops: 2-D x / h, [T, k] int32 ids, stacked 3-D weights of the float dtype, or int8 with
-// [E, rows] float32 scales (routing weights float32).
-static bool expert_scales(int q, int *ndims, int64_t **shapes, int w) {
-  return !q || (ndims[w + 1] == 2 && shapes[w + 1][0] == shapes[w][0] && shapes[w + 1][1] == shapes[w][1]);
+// The experts' ops: 2-D x / h, [T, k] int32 ids, stacked 3-D weights of the float dtype, or int8 with float32
+// scales [E, rows] or [E, rows, groups] (routing weights float32). The scales' groups (1 without int8), or 0.
+static int64_t expert_groups(int q, int *ndims, int64_t **shapes, int w) {
+  return q ? scale_groups(ndims[w + 1], shapes[w + 1], 2, shapes[w], shapes[w][2]) : 1;
 }
 
 static int moe_gate_up_swiglu_op(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
@@ -201,13 +212,14 @@ static int moe_gate_up_swiglu_op(int nparam, void **params, int *ndims, int64_t 
   if (d < 0 || !is(dtypes[1], "int32") || (!q && !is(dtypes[2], dtypes[0])) || !is(dtypes[out], dtypes[0]))
     return 2;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 3 || shapes[1][0] != shapes[0][0] ||
-      shapes[2][2] != shapes[0][1] || shapes[2][1] % 2 || !expert_scales(q, ndims, shapes, 2))
+      shapes[2][2] != shapes[0][1] || shapes[2][1] % 2 || !expert_groups(q, ndims, shapes, 2))
     return 3;
   const int64_t tokens = shapes[0][0], k = shapes[1][1], experts = shapes[2][0], inter = shapes[2][1] / 2;
   if (tokens * k * inter == 0) return 0;
   return msw::moe_gate_up_swiglu(d, params[0], static_cast<const int32_t *>(params[1]), tokens, k, params[2],
                                  experts, shapes[0][1], inter, params[out],
-                                 q ? static_cast<const float *>(params[3]) : nullptr) ? 0 : 4;
+                                 q ? static_cast<const float *>(params[3]) : nullptr,
+                                 expert_groups(q, ndims, shapes, 2)) ? 0 : 4;
 }
 static std::vector<int64_t> moe_gate_up_shape(int *ndims, int64_t **shapes) {
   const int64_t rows = shapes[1][0] < 0 || shapes[1][1] < 0 ? -1 : shapes[1][0] * shapes[1][1];
@@ -223,7 +235,7 @@ static int moe_down_combine_op(int nparam, void **params, int *ndims, int64_t **
     return 2;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 3 || shapes[2][0] != shapes[1][0] ||
       shapes[2][1] != shapes[1][1] || shapes[0][0] != shapes[1][0] * shapes[1][1] || shapes[3][2] != shapes[0][1] ||
-      !expert_scales(q, ndims, shapes, 3))
+      !expert_groups(q, ndims, shapes, 3))
     return 3;
   const int64_t tokens = shapes[1][0], k = shapes[1][1], hidden = shapes[3][1];
   if (tokens * hidden == 0) return 0;
@@ -233,7 +245,8 @@ static int moe_down_combine_op(int nparam, void **params, int *ndims, int64_t **
   }
   return msw::moe_down_combine(d, params[0], static_cast<const int32_t *>(params[1]),
                                static_cast<const float *>(params[2]), tokens, k, params[3], shapes[3][0], hidden,
-                               shapes[0][1], params[out], q ? static_cast<const float *>(params[4]) : nullptr) ? 0 : 4;
+                               shapes[0][1], params[out], q ? static_cast<const float *>(params[4]) : nullptr,
+                               expert_groups(q, ndims, shapes, 3)) ? 0 : 4;
 }
 static std::vector<int64_t> moe_down_shape(int *, int64_t **shapes) {
   return {shapes[1][0], shapes[3][1]};

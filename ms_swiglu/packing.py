@@ -69,8 +69,8 @@ def unpack_state_dict(state):
 
 # Weight-only quantizations (None: the weights in the compute dtype): symmetric int8 with a float32 scale per output
 # row ("int8"), or per group of 128 inputs of each row ("int8-g128": scales [..., M, K / 128]).
-QUANT = ("int8", "int8-g128")
 GROUP_SIZES = {"int8": None, "int8-g128": 128}
+QUANT = tuple(GROUP_SIZES)
 
 
 def check_quant(quant):

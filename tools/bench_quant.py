@@ -5,8 +5,9 @@
 
 Speed: per token count, a chain of ``--layers`` packed MLPs with distinct weights (larger than the L3 together:
 every layer's weights come from memory, as in a model), bfloat16 weights against their int8 quantization
-(``--quant``: per output row, and / or per group of 128 inputs), the activations bfloat16 in all; interleaved rounds with the disturbance accounting of ``tools/timing.py`` (other
-processes, steal, and the host's slow phases). At N=1 the 1 GiB read probe runs in the same rounds, and each
+(``--quant``: per output row, and / or per group of 128 inputs), the activations bfloat16 in all; interleaved
+rounds with the disturbance accounting of ``tools/timing.py`` (other processes, steal, and the host's slow
+phases). At N=1 the 1 GiB read probe runs in the same rounds, and each
 variant's bytes per call (weights, and the int8 scales) over its median time is given as a fraction of the
 probe's median read bandwidth. The speed-up is also given paired by round (``tools/timing.py: paired``):
 bfloat16's time over int8's in the same round, which a slow phase of the host slows alike.

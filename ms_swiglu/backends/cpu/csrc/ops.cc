@@ -212,14 +212,15 @@ static int moe_gate_up_swiglu_op(int nparam, void **params, int *ndims, int64_t 
   if (d < 0 || !is(dtypes[1], "int32") || (!q && !is(dtypes[2], dtypes[0])) || !is(dtypes[out], dtypes[0]))
     return 2;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 3 || shapes[1][0] != shapes[0][0] ||
-      shapes[2][2] != shapes[0][1] || shapes[2][1] % 2 || !expert_groups(q, ndims, shapes, 2))
+      shapes[2][2] != shapes[0][1] || shapes[2][1] % 2)
     return 3;
+  const int64_t groups = expert_groups(q, ndims, shapes, 2);
+  if (!groups) return 3;
   const int64_t tokens = shapes[0][0], k = shapes[1][1], experts = shapes[2][0], inter = shapes[2][1] / 2;
   if (tokens * k * inter == 0) return 0;
   return msw::moe_gate_up_swiglu(d, params[0], static_cast<const int32_t *>(params[1]), tokens, k, params[2],
                                  experts, shapes[0][1], inter, params[out],
-                                 q ? static_cast<const float *>(params[3]) : nullptr,
-                                 expert_groups(q, ndims, shapes, 2)) ? 0 : 4;
+                                 q ? static_cast<const float *>(params[3]) : nullptr, groups) ? 0 : 4;
 }
 static std::vector<int64_t> moe_gate_up_shape(int *ndims, int64_t **shapes) {
   const int64_t rows = shapes[1][0] < 0 || shapes[1][1] < 0 ? -1 : shapes[1][0] * shapes[1][1];
@@ -234,9 +235,10 @@ static int moe_down_combine_op(int nparam, void **params, int *ndims, int64_t **
       (!q && !is(dtypes[3], dtypes[0])) || !is(dtypes[out], dtypes[0]))
     return 2;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 3 || shapes[2][0] != shapes[1][0] ||
-      shapes[2][1] != shapes[1][1] || shapes[0][0] != shapes[1][0] * shapes[1][1] || shapes[3][2] != shapes[0][1] ||
-      !expert_groups(q, ndims, shapes, 3))
+      shapes[2][1] != shapes[1][1] || shapes[0][0] != shapes[1][0] * shapes[1][1] || shapes[3][2] != shapes[0][1])
     return 3;
+  const int64_t groups = expert_groups(q, ndims, shapes, 3);
+  if (!groups) return 3;
   const int64_t tokens = shapes[1][0], k = shapes[1][1], hidden = shapes[3][1];
   if (tokens * hidden == 0) return 0;
   if (k * shapes[0][1] == 0) {
@@ -246,7 +248,7 @@ static int moe_down_combine_op(int nparam, void **params, int *ndims, int64_t **
   return msw::moe_down_combine(d, params[0], static_cast<const int32_t *>(params[1]),
                                static_cast<const float *>(params[2]), tokens, k, params[3], shapes[3][0], hidden,
                                shapes[0][1], params[out], q ? static_cast<const float *>(params[4]) : nullptr,
-                               expert_groups(q, ndims, shapes, 3)) ? 0 : 4;
+                               groups) ? 0 : 4;
 }
 static std::vector<int64_t> moe_down_shape(int *, int64_t **shapes) {
   return {shapes[1][0], shapes[3][1]};

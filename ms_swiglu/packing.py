@@ -8,7 +8,7 @@ Shapes (p = tp_size):
 """
 import numpy as np
 
-from ms_swiglu.errors import InputError
+from ms_swiglu.errors import InputError, InputTypeError
 
 GATE, UP, DOWN, GATE_UP = "gate_proj.weight", "up_proj.weight", "down_proj.weight", "gate_up_proj.weight"
 
@@ -110,7 +110,11 @@ def quantize_int8(w, group=None):
         raise InputError(f"quantize: expected finite weights, got {int((~np.isfinite(w)).sum())} NaN/inf values "
                          f"in a {list(w.shape)} tensor")
     k = w.shape[-1]
-    if group is not None and (group < 1 or k % group):
+    if group is not None and (isinstance(group, bool) or not isinstance(group, (int, np.integer))):
+        raise InputTypeError(f"quantize: expected a group of a positive int number of inputs (or None), got {group!r}")
+    if group is not None and group < 1:
+        raise InputError(f"quantize: expected a group of a positive int number of inputs (or None), got {group!r}")
+    if group is not None and k % group:
         raise InputError(f"quantize: expected an input size that is a multiple of the group {group}, got {k}")
     g = w.reshape(*w.shape[:-1], k // group, group) if group else w[..., None, :]  # [..., M, groups, g]
     amax = np.abs(g).max(-1) if g.shape[-1] else np.zeros(g.shape[:-1], np.float32)
@@ -128,10 +132,12 @@ def quantized_name(name):
 def quantize_state_dict(state, quant="int8"):
     """``state`` with every projection weight (:func:`quantized_name`) quantized by ``quant`` and its scales beside
     it, named ``{name}_scale``: ``gate_up_proj.weight`` -> ``gate_up_proj.weight`` (int8), ``gate_up_proj.weight_scale``."""
-    out = {}
+    if quant not in QUANT:
+        raise InputError(f"quant: expected one of {', '.join(QUANT)}, got {quant!r}")
+    group, out = group_size(quant), {}
     for name, w in state.items():
         if quantized_name(name):
-            out[name], out[f"{name}_scale"] = quantize_int8(w, group_size(quant))
+            out[name], out[f"{name}_scale"] = quantize_int8(w, group)
         else:
             out[name] = w
     return out
@@ -141,7 +147,13 @@ def dequantize_int8(q, scale):
     """The float32 weights ``scale * q`` that an int8 ``(q, scale)`` stands for (exact); scales ``[..., M]`` (per
     row) or ``[..., M, groups]``."""
     q, scale = np.asarray(q, np.float32), np.asarray(scale, np.float32)
-    if scale.ndim == q.ndim:
+    rows, k = list(q.shape[:-1]), q.shape[-1]
+    grouped = (scale.ndim == q.ndim and list(scale.shape[:-1]) == rows and scale.shape[-1] > 0
+               and k % scale.shape[-1] == 0)
+    if list(scale.shape) != rows and not grouped:
+        raise InputError(f"dequantize: expected scales {rows} (per row) or {rows} + [groups] (groups dividing {k}) "
+                         f"for int8 weights {list(q.shape)}, got {list(scale.shape)}")
+    if grouped:
         return (q.reshape(*scale.shape, -1) * scale[..., None]).reshape(q.shape)
     return q * scale[..., None]
 

@@ -87,15 +87,16 @@ def test_the_tuning_table_is_what_the_paths_follow():
     table = kernels.tuning()
     for dtype in DTYPE_NAMES:
         swapped, amx = table["swapped_tokens"][dtype], table["amx_tokens"][dtype]
-        for quant in (None, "int8"):  # int8 weights: their skinny range, checked before amx
+        for quant in (None, "int8", "int8-g128"):  # per-row int8: its skinny range, checked before amx
+            per_row = quant == "int8"  # (int8-g128 takes the paths of dtype's weights)
             for n in range(1, 600):
-                if quant and n <= table["skinny_max_tokens_int8"][dtype]:
+                if per_row and n <= table["skinny_max_tokens_int8"][dtype]:
                     want = "skinny"
                 elif table["amx_available"] and amx and amx[0] <= n <= amx[1]:
                     want = "amx"
                 elif n <= table["skinny_max_tokens"][dtype]:
                     want = "skinny"
-                elif quant and table["onednn_int8_weights"][dtype]:
+                elif per_row and table["onednn_int8_weights"][dtype]:
                     want = "onednn"  # oneDNN's weight decompression takes int8 as the weights operand only
                 elif swapped and swapped[0] <= n <= swapped[1]:
                     want = "onednn-swapped"

@@ -388,6 +388,15 @@ def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
         quantize_int8(np.ones((4, 96)), 128)
     with pytest.raises(ValueError, match="quant int8-g128: expected an input size that is a multiple of 128, got 64"):
         PackedSwiGLUMLP(64, IG, quant="int8-g128")
+    for group in (0, 128.0, True):
+        with pytest.raises(ValueError, match=f"expected a group of a positive int number of inputs .*got {group}"):
+            quantize_int8(np.ones((4, 256)), group)
+    with pytest.raises(ValueError, match="quant: expected one of int8, int8-g128, got None"):
+        quantize_state_dict({"down_proj.weight": down}, None)
+    for bad in ((2, 4), (1, 2), (8, 1), (4, 3), (3,)):  # rows that are not q's, groups that do not divide k
+        with pytest.raises(ValueError, match="expected scales") as err:
+            dequantize_int8(np.ones((4, 256), np.int8), np.ones(bad, np.float32))
+        assert str(err.value).endswith(f"got {list(bad)}") and "[4] (per row) or [4] + [groups]" in str(err.value)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -411,7 +420,7 @@ def test_int8_g128_kernels_on_every_path_against_numpy(dtype):
                 with contextlib.nullcontext() if path is None else kernels.forced_path(path):
                     y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
                     h = kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, m // 2), np_dtype), dtype=dtype)
-                taken = path or kernels.path(dtype, n)
+                taken = path or kernels.path(dtype, n, "int8-g128")
                 if taken == "amx" and not (amx and dtype == "bfloat16"):
                     taken = "skinny"  # (gemm.cc: path)
                 # exact (float32 products): one token's skinny kernel, and oneDNN over float32 rows
@@ -483,6 +492,66 @@ def test_int8_g128_moe_cpu_and_composite_against_numpy():
         assert_close(y, ref, "float32", f"deepseek_v3 int8-g128 {backend}")
     with pytest.raises(ValueError, match="GroupedMatmulV4 documents per-group antiquant for int4 weights only"):
         PackedMoE(HG, 128, 8, 2, dtype=ms.bfloat16, backend="ascend", quant="int8-g128")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int8_g128_moe_kernels_against_numpy(dtype):
+    """QMoeGateUpSwiglu and QMoeDownCombine with scales [E, 2I, H/128] and [E, H, I/128] (two groups each way),
+    on the automatic and every forced path, few rows per expert to many: each expert's weights dequantized and
+    rounded once to the dtype (exact where oneDNN reads float32 rows), its rows' GEMMs in float64, each token's
+    k outputs weighted and summed."""
+    np_dtype = kernels.NP_DTYPES[dtype]
+    got = (lambda a: from_bf16_bits(a) if dtype == "bfloat16" else a)
+    experts, k, hidden, inter = 4, 2, 256, 256
+    rng = np.random.default_rng(9)
+    gain = lambda *s: np.repeat(rng.uniform(0.1, 3, s), 128, -1)  # the weights' magnitude changes by group
+    q1, s1 = quantize_int8(rng.standard_normal((experts, 2 * inter, hidden)) / 16 * gain(experts, 2 * inter, 2), 128)
+    q2, s2 = quantize_int8(rng.standard_normal((experts, hidden, inter)) / 16 * gain(experts, hidden, 2), 128)
+    w1, w2 = dequantize_int8(q1, s1).astype(np.float64), dequantize_int8(q2, s2).astype(np.float64)
+    wide, amx = kernels.tuning()["onednn_float32_for"][dtype], kernels.tuning()["amx_available"]
+    for tokens in (1, 5, 40):
+        x, x64 = _x(tokens, hidden, dtype, seed=tokens)
+        ids = rng.integers(0, experts, (tokens, k)).astype(np.int32)
+        weights = rng.random((tokens, k)).astype(np.float32)
+        order = np.argsort(ids.ravel(), kind="stable")  # grouped row p is (token, slot) order[p]
+        back = np.empty_like(order)
+        back[order] = np.arange(order.size)
+        for path in (None,) + kernels.paths():
+            with contextlib.nullcontext() if path is None else kernels.forced_path(path):
+                h = kernels.run("QMoeGateUpSwiglu", x, ids, q1, s1, np.zeros((tokens * k, inter), np_dtype),
+                                dtype=dtype)
+                out = kernels.run("QMoeDownCombine", h, ids, weights, q2, s2, np.zeros((tokens, hidden), np_dtype),
+                                  dtype=dtype)
+            # exact (float32 products): oneDNN over float32 rows, and an expert's single row on the skinny kernel
+            # (one token's kernel applies the scales itself)
+            skinny = path in (None, "skinny") or (path == "amx" and not (amx and dtype == "bfloat16"))
+            single = np.bincount(ids.ravel(), minlength=experts) == 1
+            exact = ((skinny & single) | (dtype == "float32" or (wide and path in ("onednn", "onednn-swapped"))))
+            exact = exact[:, None, None]  # [E, 1, 1]
+            e = ids.ravel()[order]
+            g = np.einsum("ph,pih->pi", x64[order // k], np.where(exact, w1, _rounded(w1, dtype))[e])
+            assert_close(got(h), ref_swiglu(g), dtype, f"QMoeGateUpSwiglu T={tokens} path={path}")
+            h64 = got(h).astype(np.float64)
+            y = np.einsum("pi,phi->ph", h64, np.where(exact, w2, _rounded(w2, dtype))[e])  # [T k, H], grouped
+            y = y[back].reshape(tokens, k, hidden)
+            assert_close(got(out), (weights[..., None] * y).sum(1), dtype, f"QMoeDownCombine T={tokens} path={path}")
+
+
+def test_int8_g128_ascend_takes_one_group_per_row_per_channel(tmp_path):
+    """WeightQuantBatchMatmul takes a per-group antiquant_group_size in [32, K - 1] (aclnnWeightQuantBatchMatmulV2's
+    constraints): with H = 128 gate_up's rows are one group each, so its scales go in per-channel ([2I], group 0),
+    while down (K = I = 256) keeps groups of 128 with its scales as [G, H]."""
+    from ms_swiglu.export.mindir import _model  # noqa: PLC0415
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    mlp = PackedSwiGLUMLP(128, 256, dtype=ms.bfloat16, backend="ascend", quant="int8-g128")
+    assert mlp.gate_up_proj.weight_scale.shape == (512, 1) and mlp.down_proj.weight_scale.shape == (128, 2)
+    ms.export(mlp, ms.Tensor(np.zeros((4, 128), np.float32), ms.bfloat16), file_name=str(tmp_path / "m"),
+              file_format="MINDIR")
+    model = _model(str(tmp_path / "m.mindir"))
+    constants = {n.output[0]: n.attribute[0].i for n in model.graph.node if n.op_type.endswith("Constant")}
+    wq = [n for n in model.graph.node if "WeightQuantBatchMatmul" in n.op_type]
+    assert [constants[n.input[-1]] for n in wq] == [0, 128]  # gate_up per-channel, down per group
 
 
 def test_accuracy_with_outlier_columns_int8_g128_beats_per_row():

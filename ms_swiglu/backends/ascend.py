@@ -64,7 +64,8 @@ class WeightQuantLinear(nn.Cell):
     """``x (scale * q)^T`` by WeightQuantBatchMatmul (aclnnWeightQuantBatchMatmulV2): the int8 weights read as
     stored ([M, K]: ``transpose_weight``), the scales in the activations' dtype, as the op takes them: per-channel
     ``[M]``, or per group (``antiquant_group_size``) ``[ceil(K / group), M]`` (the op's documented per-group
-    shape, which vllm-ascend passes too; ours ``[M, G]`` transposed). Not run on hardware here.
+    shape, which vllm-ascend passes too; ours ``[M, G]`` transposed). The op takes a group size in [32, K - 1]:
+    where a row is one group (K = 128), its scales go in per-channel. Not run on hardware here.
 
     Shapes:
         x: [T, K]    w: [M, K] int8    scale: [M] (int8-g128: [M, K/128])    out: [T, M]
@@ -73,14 +74,19 @@ class WeightQuantLinear(nn.Cell):
     def __init__(self, group=None):
         super().__init__()
         self.grouped = group is not None
-        self.wqbmm = WeightQuantBatchMatmul(transpose_x=False, transpose_weight=True, antiquant_group_size=group or 0)
+        self.per_channel = WeightQuantBatchMatmul(transpose_x=False, transpose_weight=True, antiquant_group_size=0)
+        self.per_group = None if group is None else WeightQuantBatchMatmul(
+            transpose_x=False, transpose_weight=True, antiquant_group_size=group)
 
     def construct(self, x, w, scale):
         shape = ops.shape(x)
-        scale = scale.astype(x.dtype)
-        if self.grouped:
-            scale = ops.transpose(scale, (1, 0))  # [M, G] -> [G, M]
-        y = self.wqbmm(x.reshape(-1, shape[-1]), w, scale)  # [T, K] x [M, K]^T -> [T, M]
+        x2, scale = x.reshape(-1, shape[-1]), scale.astype(x.dtype)
+        if not self.grouped:
+            y = self.per_channel(x2, w, scale)  # [T, K] x [M, K]^T -> [T, M]
+        elif ops.shape(scale)[-1] == 1:  # one group per row: scales [M, 1] -> [M]
+            y = self.per_channel(x2, w, scale.reshape(-1))
+        else:
+            y = self.per_group(x2, w, ops.transpose(scale, (1, 0)))  # scales [M, G] -> [G, M]
         return y.reshape(shape[:-1] + (ops.shape(y)[-1],))
 
 

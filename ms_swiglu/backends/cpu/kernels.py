@@ -21,6 +21,8 @@ import warnings
 
 import numpy as np
 
+from ms_swiglu.packing import group_size
+
 # The NumPy arrays `run` takes per dtype (bfloat16 as its 16-bit patterns).
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
@@ -110,11 +112,14 @@ def _dtype(dtype):
 
 
 def path(dtype, tokens, quant=None):
-    """The GEMM path ``tokens`` tokens of ``dtype`` take (with ``quant="int8"``: against int8 weights): ``skinny``
-    (each weight row streamed once for all tokens), ``onednn`` (y = x W^T), ``onednn-swapped`` (y^T = W x^T, the
-    weights as oneDNN's source) or ``amx`` (bfloat16 on AMX tiles)."""
+    """The GEMM path ``tokens`` tokens of ``dtype`` take (with ``quant``: against int8 weights of that format):
+    ``skinny`` (each weight row streamed once for all tokens), ``onednn`` (y = x W^T), ``onednn-swapped``
+    (y^T = W x^T, the weights as oneDNN's source) or ``amx`` (bfloat16 on AMX tiles). Per-row int8 has its own
+    ranges; int8 with group-wise scales takes the paths of weights in ``dtype`` (dequantized for them where the
+    kernel does not apply the scales itself)."""
     onednn()
-    return paths()[_lib().msw_path(_dtype(dtype), int(tokens), quant is not None)]
+    per_row_int8 = quant is not None and group_size(quant) is None
+    return paths()[_lib().msw_path(_dtype(dtype), int(tokens), per_row_int8)]
 
 
 @contextlib.contextmanager

@@ -256,6 +256,9 @@ const void *placed(const void *x, size_t bytes, const void *w) {
 // Runs body(op) with x widened where the path reads float32, or laid out as B tiles for the amx path (which
 // falls back to the skinny kernel where the tiles do not cover k or the `rows` it streams), and for the skinny
 // kernel's multi-token tiles placed against the weights w.
+// (int8 with group-wise scales takes the paths of weights of dtype d: each path forced, llama-7b, 3 layers,
+// bfloat16, against bfloat16 weights, the skinny kernel ran 0.99x / 0.88x / 0.81x / 0.80x at 64 / 128 / 256 / 512
+// tokens and the rows dequantized for oneDNN 0.66x / 0.85x / 0.86x / 0.90x.)
 template <typename Body>
 bool run(const Linear &call, const void *w, int64_t rows, const Body &body) {
   Op op{call.d, call.yd < 0 ? call.d : call.yd, call.x, nullptr, nullptr, nullptr, call.n, call.k,

@@ -65,9 +65,11 @@ def cmd_run(args):
         raise UsageError(f"--master-port: expected a port in 1..65535, got {args.master_port}")
     config = read_config(args.checkpoint)
     config.check_layer(args.layer)
-    config.check_tp(args.tp_size, [args.layer])
-    if is_converted(args.checkpoint):  # the file of the same --tp-size, holding the layer
-        ConvertedFile(args.checkpoint, args.tp_size).check_layer(args.layer)
+    if is_converted(args.checkpoint):  # the file of the same --tp-size, holding the layer, in its format
+        converted = ConvertedFile(args.checkpoint, args.tp_size)
+        converted.check_layer(args.layer)
+        converted.check_quant(args.quantize)
+    config.check_tp(args.tp_size, [args.layer], None if is_converted(args.checkpoint) else args.quantize)
     x = read_input(args.input, config.hidden_size) if args.input else None
     check_fits("--input" if args.input else "--tokens",
                layer_bytes(config, args.layer, x.size // config.hidden_size if x is not None else args.tokens))
@@ -78,8 +80,9 @@ def cmd_run(args):
         from ms_swiglu.launch.msrun import launch  # noqa: PLC0415
 
         return launch(args, x, out)
+    checkpoint = os.path.abspath(args.checkpoint)  # (relative to the user's folder, not the scratch one)
     with scratch_cwd():  # MindSpore and AKG write compile files into the working directory
-        run_layer(os.path.abspath(args.checkpoint), args.layer, x, config=config, dtype=args.dtype,
+        run_layer(checkpoint, args.layer, x, config=config, dtype=args.dtype,
                   backend=args.backend, repeat=args.repeat, output=out, force=args.force, quant=args.quantize)
     return 0
 
@@ -94,7 +97,7 @@ def cmd_convert(args):
         raise UsageError(f"--checkpoint: expected a HuggingFace checkpoint folder, got the file {args.checkpoint}")
     config, config_json = read_config_json(args.checkpoint)
     layers = _layers(f"0-{config.num_hidden_layers - 1}" if args.layers is None else args.layers, config)
-    config.check_tp(args.tp_size, layers)
+    config.check_tp(args.tp_size, layers, args.quantize)
     ranks = [{} for _ in range(args.tp_size)]
     with OutputSet(rank_paths(args.output, args.tp_size), args.force) as out:
         dtype, float32 = args.dtype, set()
@@ -139,6 +142,10 @@ def cmd_export(args):
         else:
             config.check_layer(args.layer)
             layers = range(args.layer, args.layer + 1)
+        if is_converted(args.checkpoint):  # a quantized file: in its own format
+            ConvertedFile.any_rank(args.checkpoint).check_quant(args.quantize)
+        else:
+            config.check_tp(1, layers, args.quantize)
     else:
         if args.layer is not None:
             raise UsageError("export: expected --layers A-B (a stack of blocks) with --preset, got --layer")

@@ -58,6 +58,12 @@ def test_run_matches_numpy_at_several_token_counts(ckpts, dtype, tmp_path):
     x7 = np.random.default_rng(0).standard_normal((7, H)).astype(np.float32)  # what --tokens 7 --seed 0 runs
     np.testing.assert_allclose(np.load(tmp_path / "z.npy"), ref_mlp(x7.astype(np.float64), stored, 0),
                                atol=1e-5, rtol=1.3e-6)
+    if dtype == "float32":  # paths relative to the working folder (the run itself works in a scratch one)
+        r = subprocess.run(CLI + ["run", "--checkpoint", os.path.relpath(folder, tmp_path), "--layer", "0",
+                                  "--tokens", "7", "--output", "rel.npy"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        np.testing.assert_array_equal(np.load(tmp_path / "rel.npy"), np.load(tmp_path / "z.npy"))
 
 
 def _round(x, dtype):

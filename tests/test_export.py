@@ -105,6 +105,23 @@ def test_reload_in_a_fresh_process_at_two_token_counts(exports, target):
     assert r.returncode == 0 and result["ok"] and [c["shape"] for c in result["cases"]] == [[1, 1, H], [2, 8, H]]
 
 
+def test_a_nan_output_is_not_verified(exports, tmp_path):
+    """Golden outputs and a reload that are both NaN somewhere do not verify (they had counted as equal)."""
+    d, m, _ = exports["portable"]
+    golden = tmp_path / "golden"
+    shutil.copytree(d / "golden", golden)
+    x_path = sorted(golden.glob("input_*.npy"))[0]  # one token: a NaN in it makes every output NaN
+    x = np.load(x_path)
+    x.flat[0] = np.nan
+    np.save(x_path, x)
+    y_path = x_path.with_name(x_path.name.replace("input_", "output_"))
+    np.save(y_path, np.full_like(np.load(y_path), np.nan))
+    r = subprocess.run([sys.executable, "-m", "ms_swiglu.export.verify", d / m["model_file"], golden, "float32"],
+                       capture_output=True, text=True, timeout=600)
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 1 and not result["ok"] and [c["ok"] for c in result["cases"]] == [False, True]
+
+
 def test_ascend_numerics_are_labelled_not_run(exports):
     numerics = exports["ascend"][1]["verification"]["numerics"]
     assert numerics["ok"] is None and "no CPU kernel" in numerics["not_run"]

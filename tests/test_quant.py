@@ -289,6 +289,58 @@ def test_convert_quantize_then_run_the_file(ckpt, tmp_path):
                                rtol=2 * rtol)
 
 
+def test_converted_files_whose_tensors_or_metadata_are_wrong_are_refused(ckpt, tmp_path):
+    """A converted file is checked against its metadata as it loads: int8 projections with finite positive float32
+    scales of the format's shape, or float ones without scales; malformed metadata is named. Each is bad input
+    (exit 2, one line), not a run on weights read wrongly (it gave zeros, 1e9 or NaN outputs with exit 0)."""
+    from ms_swiglu.checkpoint import SafetensorsFolder, dump_safetensors  # noqa: PLC0415
+
+    folder, _ = ckpt
+    src = tmp_path / "q.safetensors"
+    assert cli("convert", "--checkpoint", folder, "--output", src, "--quantize", "int8").returncode == 0
+    tensors, _ = read_safetensors(str(src))
+    meta = SafetensorsFolder(str(src)).metadata(str(src))
+    gu = "model.layers.0.mlp.gate_up_proj.weight"
+
+    def variant(name, meta_change=None, tensors_change=None):
+        t, m = dict(tensors), dict(meta, **(meta_change or {}))
+        t.update(tensors_change or {})
+        m = {k: v for k, v in m.items() if v is not None}
+        dump_safetensors(str(tmp_path / name), t, "bfloat16", m, float32={n for n in t if n.endswith("_scale")})
+        r = cli("run", "--checkpoint", tmp_path / name, "--layer", 0, "--backend", "cpu", "--tokens", 2)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (name, r.returncode, r.stderr)
+        return r.stderr
+
+    nan = tensors[gu + "_scale"].copy()
+    nan[3] = np.nan
+    assert "expected finite positive scales, got 1 of 192 that are not" in variant("nan.safetensors", None,
+                                                                                 {gu + "_scale": nan})
+    assert "got 192 of 192 that are not" in variant("zero.safetensors", None, {gu + "_scale": 0 * nan})
+    err = variant("float.safetensors", None, {gu: tensors[gu].astype(np.float32) / 1000})
+    assert "expected int8 weights with float32 scales [192] (int8, as the metadata says), got float32" in err
+    err = variant("noquant.safetensors", {"quant": ""})
+    assert "expected float weights without scales (the metadata names no quantization), got int8 weights" in err
+    err = variant("scales.safetensors", None, {gu + "_scale": np.ones((192, 2), np.float32)})
+    assert "expected int8 weights with float32 scales [192]" in err and "scales [192, 2]" in err
+    for name, change, what in (("tp.safetensors", {"tp_size": None}, "KeyError: 'tp_size'"),
+                               ("tp2.safetensors", {"tp_size": "abc"}, "invalid literal"),
+                               ("layers.safetensors", {"layers": "0"}, "invalid literal"),
+                               ("config.safetensors", {"config": "{x"}, "JSONDecodeError"),
+                               ("quant.safetensors", {"quant": "int4"}, "quant 'int4'")):
+        err = variant(name, change)
+        assert "expected the metadata ms-swiglu convert writes" in err or "expected layers 'A-B'" in err, err
+        assert what in err, (name, err)
+    # on tensor-parallel ranks too, refused before any rank starts (it was a worker's failure, exit 1): another
+    # format than the file's, and a format whose groups the rank's sizes do not hold
+    tp = tmp_path / "t.safetensors"
+    assert cli("convert", "--checkpoint", folder, "--output", tp, "--quantize", "int8", "--tp-size", 2).returncode == 0
+    r = cli("run", "--checkpoint", tp, "--layer", 0, "--tp-size", 2, "--quantize", "int8-g128", "--tokens", 2)
+    assert r.returncode == 2 and "quant: expected int8 (the file's) or none, got 'int8-g128'" in r.stderr
+    r = cli("run", "--checkpoint", folder, "--layer", 0, "--tp-size", 2, "--quantize", "int8-g128", "--tokens", 2)
+    assert r.returncode == 2 and ("quant int8-g128: expected hidden_size and every intermediate size / tp_size "
+                                  "multiples of 128, got hidden_size 64, intermediate size / 2: 48") in r.stderr
+
+
 def test_export_int8_ascend_holds_weight_quant_matmul(ckpt, tmp_path):
     folder, _ = ckpt
     r = cli("convert", "--checkpoint", folder, "--output", tmp_path / "q.safetensors", "--quantize", "int8")

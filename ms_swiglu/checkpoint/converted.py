@@ -14,10 +14,12 @@ import glob
 import json
 import os
 
+import numpy as np
+
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
 from ms_swiglu.checkpoint import hf
 from ms_swiglu.checkpoint.hf import load_dense_layer, load_moe_layer, parse_config
-from ms_swiglu.packing import QUANT, group_size, quantize_int8, shard_down, shard_packed
+from ms_swiglu.packing import QUANT, group_size, quantize_int8, scale_shape, shard_down, shard_packed
 
 FORMAT = "ms_swiglu.packed"
 ROWS, COLUMNS = ("gate_up", "shared_gate_up"), ("down", "shared_down")  # how the projections shard
@@ -143,13 +145,23 @@ class ConvertedFile:
         if meta.get("format") != FORMAT or "config" not in meta:
             raise CheckpointError(f"{self.path}: expected a file written by ms-swiglu convert (format {FORMAT}), "
                                   f"got format {meta.get('format')!r}")
-        if int(meta["tp_size"]) != tp_size:
+        try:
+            stored_tp, config_json = int(meta["tp_size"]), json.loads(meta["config"])
+            first, _, last = meta["layers"].partition("-")
+            self.layers = range(int(first), int(last) + 1)
+            self.dtype, self.quant = meta["dtype"], meta["quant"] or None
+        except (KeyError, ValueError) as exc:  # (json's JSONDecodeError is a ValueError)
+            raise CheckpointError(f"{self.path}: expected the metadata ms-swiglu convert writes (tp_size, layers "
+                                  f"'A-B', config JSON, dtype, quant), got a missing or malformed entry "
+                                  f"({type(exc).__name__}: {exc})") from None
+        if stored_tp != tp_size:
             raise CheckpointError(f"{self.path}: expected a conversion with --tp-size {tp_size}, got one with "
-                                  f"--tp-size {meta['tp_size']}")
-        self.config = parse_config(json.loads(meta["config"]), self.path)
-        self.dtype, self.quant = meta["dtype"], meta["quant"] or None
-        first, _, last = meta["layers"].partition("-")
-        self.layers = range(int(first), int(last) + 1)
+                                  f"--tp-size {stored_tp}")
+        if not self.layers or (self.quant is not None and self.quant not in QUANT):
+            raise CheckpointError(f"{self.path}: expected layers 'A-B' with A <= B and quant one of "
+                                  f"{', '.join(QUANT)} or empty, got layers {meta['layers']!r}, "
+                                  f"quant {meta['quant']!r}")
+        self.config = parse_config(config_json, self.path)
 
     @classmethod
     def any_rank(cls, path):
@@ -161,6 +173,11 @@ class ConvertedFile:
             raise CheckpointError(f"checkpoint: expected a converted file {path} (or its rank files), found none")
         return cls(path, int(found[0].rsplit("-of-", 1)[1].split(".")[0]), 0)
 
+    def check_quant(self, quant):
+        """ValueError unless ``quant`` (a quantization asked at load) is the file's or None, where it has one."""
+        if self.quant and quant not in (None, self.quant):
+            raise CheckpointError(f"quant: expected {self.quant} (the file's) or none, got {quant!r}")
+
     def check_layer(self, layer):
         self.config.check_layer(layer)
         if layer not in self.layers:
@@ -170,9 +187,31 @@ class ConvertedFile:
     def layer(self, layer):
         """(``{kind: array}`` of one layer on this rank, the checkpoint's dtype name)."""
         self.check_layer(layer)
-        out = {}
-        for kind, name in tensor_names(self.config, layer).items():
+        out, names = {}, tensor_names(self.config, layer)
+        for kind, name in names.items():
             for k, n in ((kind, name), (kind + SCALE, name + SCALE)):
                 if n in self._folder.weight_map:
                     out[k] = self._folder.read(n, self._folder.shape(n))[0]
+        for kind in ROWS + COLUMNS:
+            if kind in out:
+                self._check_stored(names[kind], out[kind], out.get(kind + SCALE))
         return out, self.dtype
+
+    def _check_stored(self, name, w, scale):
+        """A projection as the metadata says: int8 with finite positive float32 scales of the format's shape, or
+        float without scales."""
+        what = f"{w.dtype} weights " + ("without scales" if scale is None else f"with {scale.dtype} scales "
+                                                                                 f"{list(scale.shape)}")
+        if not self.quant:
+            if w.dtype == np.int8 or scale is not None:
+                raise CheckpointError(f"{self.path}: {name}: expected float weights without scales (the metadata "
+                                      f"names no quantization), got {what}")
+            return
+        expected = scale_shape(self.quant, w.shape[:-1], w.shape[-1])
+        if w.dtype != np.int8 or scale is None or scale.dtype != np.float32 or scale.shape != expected:
+            raise CheckpointError(f"{self.path}: {name}: expected int8 weights with float32 scales {list(expected)} "
+                                  f"({self.quant}, as the metadata says), got {what}")
+        bad = int((~(np.isfinite(scale) & (scale > 0))).sum())
+        if bad:
+            raise CheckpointError(f"{self.path}: {name}{SCALE}: expected finite positive scales, got {bad} of "
+                                  f"{scale.size} that are not")

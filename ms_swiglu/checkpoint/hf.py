@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
-from ms_swiglu.packing import check_tp, pack_gate_up
+from ms_swiglu.packing import check_tp, group_size, pack_gate_up
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
@@ -104,14 +104,20 @@ class ModelConfig:
     def is_moe_layer(self, layer):
         return layer in self.sparse_layers
 
-    def check_tp(self, tp_size, layers=None):
-        """ValueError unless tp_size divides every intermediate size the layers (default: all) split."""
+    def check_tp(self, tp_size, layers=None, quant=None):
+        """ValueError unless tp_size divides every intermediate size the layers (default: all) split, and (int8
+        with group-wise scales, ``quant``) the projections' input sizes on a rank hold whole groups."""
         layers = range(self.num_hidden_layers) if layers is None else layers
         sizes = {self.intermediate_size for i in layers if not self.is_moe_layer(i)}
         if any(self.is_moe_layer(i) for i in layers):
             sizes |= {self.moe.intermediate_size} | ({self.moe.shared_intermediate_size} - {0})
         for size in sorted(sizes):
             check_tp(size, tp_size)
+        g = group_size(quant)
+        if g and any(k % g for k in (self.hidden_size, *(size // tp_size for size in sizes))):
+            raise CheckpointError(f"quant {quant}: expected hidden_size and every intermediate size / tp_size "
+                                  f"multiples of {g}, got hidden_size {self.hidden_size}, intermediate size / "
+                                  f"{tp_size}: {', '.join(str(size // tp_size) for size in sorted(sizes))}")
 
     def check_layer(self, layer):
         if not 0 <= layer < self.num_hidden_layers:

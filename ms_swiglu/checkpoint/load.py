@@ -2,8 +2,9 @@
 with ``tp_size`` > 1, rank ``rank``'s part, read as such from the checkpoint) or from the files ``ms-swiglu
 convert`` wrote (packed, and quantized if they are).
 
-``dtype``: the compute dtype; ``None`` keeps the checkpoint's. ``quant`` ("int8", "int8-g128") quantizes a float checkpoint's
-projections at load (weight-only; ``ms_swiglu.packing.quantize_int8``); a quantized file loads quantized.
+``dtype``: the compute dtype; ``None`` keeps the checkpoint's. ``quant`` ("int8", "int8-g128") quantizes a float
+checkpoint's projections at load (weight-only; ``ms_swiglu.packing.quantize_int8``); a quantized file loads
+quantized.
 """
 from ms_swiglu.checkpoint.converted import (SCALE, ConvertedFile, is_converted, quantize_layer, read_config,
                                             read_hf_layer)
@@ -19,8 +20,7 @@ def _layer(path, layer, config, tp_size, rank, quant):
         file = ConvertedFile(path, tp_size, rank)
         weights, dtype = file.layer(layer)
         if file.quant:
-            if quant not in (None, file.quant):
-                raise CheckpointError(f"quant: expected {file.quant} (the file's) or none, got {quant!r}")
+            file.check_quant(quant)
             return weights, dtype, file.quant
     else:
         weights, dtype = read_hf_layer(config, path, layer, tp_size, rank)

@@ -292,6 +292,56 @@ def test_each_family_loads_its_sparse_and_dense_layers(family_ckpts, family):
                    f"{family} dense layer {layer}")
 
 
+def test_config_keys_left_out_take_transformers_defaults():
+    """A config.json without the optional keys reads as transformers' config classes define them
+    (configuration_deepseek_v3.py: n_group 8, topk_group 4, routed_scaling_factor 2.5, n_shared_experts 1,
+    first_k_dense_replace 3, norm_topk_prob True; configuration_qwen2_moe.py: shared_expert_intermediate_size
+    5632, decoder_sparse_step 1, norm_topk_prob False); a hidden_act other than SiLU is refused."""
+    from ms_swiglu.checkpoint.hf import parse_config  # noqa: PLC0415
+
+    base = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32}
+    ds = parse_config(dict(base, model_type="deepseek_v3", n_routed_experts=16), "c.json")
+    assert ds.sparse_layers == {3, 4, 5} and ds.moe.n_group == 8 and ds.moe.topk_group == 4
+    assert ds.moe.routed_scaling_factor == 2.5 and ds.moe.shared_intermediate_size == 32 and ds.moe.renormalize
+    qw = parse_config(dict(base, model_type="qwen2_moe", num_experts=16), "c.json")
+    assert qw.sparse_layers == set(range(6)) and qw.moe.shared_intermediate_size == 5632
+    assert qw.moe.shared_expert_gate and not qw.moe.renormalize
+    assert parse_config(dict(base, model_type="qwen3_moe", num_experts=16), "c.json").moe.shared_intermediate_size == 0
+    with pytest.raises(ValueError, match="c.json: expected hidden_act one of 'silu', 'swish', got 'gelu'"):
+        parse_config(dict(base, model_type="llama", hidden_act="gelu"), "c.json")
+
+
+def test_experts_keep_their_own_dtype_beside_a_router_of_another(tmp_path):
+    """Experts stored float32 beside a float16 router stay float32 (they were stacked in the router's dtype:
+    1e5 became inf); experts of mixed dtypes are refused."""
+    from safetensors.numpy import load_file, save_file  # noqa: PLC0415
+
+    stored = make_checkpoint(tmp_path, model_type="qwen3_moe", hidden=H, inter=40, moe_inter=I, experts=E,
+                             top_k=K, layers=1, config_extra={"norm_topk_prob": True})
+    path = tmp_path / "model.safetensors"
+    tensors = load_file(str(path))
+    p = "model.layers.0.mlp."
+    tensors[p + "gate.weight"] = tensors[p + "gate.weight"].astype(np.float16)
+    tensors[p + "experts.1.up_proj.weight"][0, 0] = 1e5
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    out, dtype = load_moe_layer(str(tmp_path), 0)
+    assert dtype == "float32" and out["gate_up"].dtype == np.float32 and out["router"].dtype == np.float16
+    assert out["gate_up"][1, I, 0] == 1e5
+    np.testing.assert_array_equal(out["down"][2], stored[p + "experts.2.down_proj.weight"])
+    tensors[p + "experts.3.down_proj.weight"] = tensors[p + "experts.3.down_proj.weight"].astype(np.float16)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="expected gate, up and down in one dtype, got float32, float32, float16"):
+        load_moe_layer(str(tmp_path), 0)
+    for part in ("gate", "up", "down"):
+        name = f"{p}experts.3.{part}_proj.weight"
+        tensors[name] = tensors[name].astype(np.float16)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="expected every expert in one dtype, got float32 for expert 0 and float16 "
+                                         "for expert 3"):
+        load_moe_layer(str(tmp_path), 0)
+
+
 @pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3"])
 def test_tensor_parallel_ranks_sum_to_the_whole_block(family_ckpts, family):
     """Each rank reads its [gate_r; up_r] and down[:, r] of every expert and of the shared expert; the ranks'

@@ -162,7 +162,7 @@ def _moe(model_type, c, layers):
         moe = MoEConfig(c.int("num_local_experts"), c.int("num_experts_per_tok"), c.int("intermediate_size"), True)
         return moe, frozenset(layers)
     if model_type in ("qwen2_moe", "qwen3_moe"):
-        shared = c.int("shared_expert_intermediate_size", 0, minimum=0) if model_type == "qwen2_moe" else 0
+        shared = c.int("shared_expert_intermediate_size", 5632, minimum=0) if model_type == "qwen2_moe" else 0
         moe = MoEConfig(c.int("num_experts"), c.int("num_experts_per_tok"), c.int("moe_intermediate_size"),
                         c.bool("norm_topk_prob", False), shared_intermediate_size=shared,
                         shared_expert_gate=bool(shared))
@@ -172,10 +172,10 @@ def _moe(model_type, c, layers):
     c.str("topk_method", ["noaux_tc"])
     inter = c.int("moe_intermediate_size")
     moe = MoEConfig(c.int("n_routed_experts"), c.int("num_experts_per_tok"), inter, c.bool("norm_topk_prob", True),
-                    scoring="sigmoid", n_group=c.int("n_group", 1), topk_group=c.int("topk_group", 1),
-                    routed_scaling_factor=c.float("routed_scaling_factor", 1.0),
-                    shared_intermediate_size=c.int("n_shared_experts", 0, minimum=0) * inter)
-    first, freq = c.int("first_k_dense_replace", 0, minimum=0), c.int("moe_layer_freq", 1)
+                    scoring="sigmoid", n_group=c.int("n_group", 8), topk_group=c.int("topk_group", 4),
+                    routed_scaling_factor=c.float("routed_scaling_factor", 2.5),
+                    shared_intermediate_size=c.int("n_shared_experts", 1, minimum=0) * inter)
+    first, freq = c.int("first_k_dense_replace", 3, minimum=0), c.int("moe_layer_freq", 1)
     return moe, frozenset(i for i in layers if i >= first and i % freq == 0)
 
 
@@ -208,6 +208,7 @@ def parse_config(raw, path):
         raise CheckpointError(f"{path}: expected model_type one of {', '.join(DENSE_FAMILIES + MOE_FAMILIES)}, "
                               f"got {model_type!r}")
     c = _Raw(path, raw)
+    c.str("hidden_act", ["silu", "swish"])  # the SwiGLU MLP's (transformers' default); gelu is another MLP
     values = {name: c.int(name) for name in ("hidden_size", "intermediate_size", "num_hidden_layers")}
     moe, sparse = _moe(model_type, c, range(values["num_hidden_layers"])) if model_type in MOE_FAMILIES else (
         None, frozenset())
@@ -226,8 +227,11 @@ def _read_mlp(shards, prefix, names, hidden, inter, tp_size, rank):
     """(gate_up [2I/p, H], down [H, I/p], dtype) of the SwiGLU MLP whose gate/up/down are ``prefix + names[i]``."""
     rows, cols = _tp_parts(inter, tp_size, rank)
     gate, dtype = shards.read(prefix + names[0], (inter, hidden), rows)
-    up, _ = shards.read(prefix + names[1], (inter, hidden), rows)
-    down, _ = shards.read(prefix + names[2], (hidden, inter), cols)
+    up, up_dtype = shards.read(prefix + names[1], (inter, hidden), rows)
+    down, down_dtype = shards.read(prefix + names[2], (hidden, inter), cols)
+    if not dtype == up_dtype == down_dtype:
+        raise CheckpointError(f"{prefix}: expected gate, up and down in one dtype, got {dtype}, {up_dtype}, "
+                              f"{down_dtype} ({', '.join(names)})")
     return pack_gate_up(gate, up), down, dtype
 
 
@@ -259,12 +263,17 @@ def load_moe_layer(folder, layer, config=None, tp_size=1, rank=0):
     p, local = keys.prefix(layer), moe.intermediate_size // tp_size
     check_tp(moe.intermediate_size, tp_size, rank)
     out = {"router": shards.read(p + "gate.weight", (moe.num_experts, hidden))[0]}
-    out["gate_up"] = np.empty((moe.num_experts, 2 * local, hidden), out["router"].dtype)
-    out["down"] = np.empty((moe.num_experts, hidden, local), out["router"].dtype)
-    for e in range(moe.num_experts):
+    for e in range(moe.num_experts):  # stacked in the experts' own dtype (not the router's)
         names = [keys.expert.format(e=e, part=part) for part in keys.parts]
-        out["gate_up"][e], out["down"][e], dtype = _read_mlp(shards, p, names, hidden, moe.intermediate_size,
-                                                             tp_size, rank)
+        gate_up, down, stored = _read_mlp(shards, p, names, hidden, moe.intermediate_size, tp_size, rank)
+        if e == 0:
+            dtype = stored
+            out["gate_up"] = np.empty((moe.num_experts, *gate_up.shape), gate_up.dtype)
+            out["down"] = np.empty((moe.num_experts, *down.shape), down.dtype)
+        elif stored != dtype:
+            raise CheckpointError(f"layer {layer}: expected every expert in one dtype, got {dtype} for expert 0 "
+                                  f"and {stored} for expert {e} ({p + names[0]})")
+        out["gate_up"][e], out["down"][e] = gate_up, down
     if keys.bias:
         out["bias"] = shards.read(p + keys.bias, (moe.num_experts,))[0]
     if moe.shared_intermediate_size:

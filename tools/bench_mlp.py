@@ -203,13 +203,14 @@ def ceiling_calls(hidden, inter, dtypes, peers):
 PROBES_AT_ONCE = len(os.sched_getaffinity(0))  # memory probe processes
 
 
-def memory_probe(variant, hidden, inter, dtype, n):
-    """In a fresh process: the peak resident bytes one call at N tokens adds, after compiling at N=1."""
+def memory_probe(variant, hidden, inter, dtype, n, jit="O0"):
+    """In a fresh process: the peak resident bytes one call at N tokens adds (the graph built at ``jit``), after
+    compiling at N=1."""
     import mindspore as ms  # noqa: PLC0415
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
-    net = _build(variant, hidden, inter, dtype, "O0")
+    net = _build(variant, hidden, inter, dtype, jit)
     x1 = ms.Tensor(np.ones((1, hidden), np.float32)).astype(getattr(ms, dtype))
     xn = ms.Tensor(np.ones((n, hidden), np.float32)).astype(getattr(ms, dtype))
     if variants()[variant] is None or variants()[variant].dynamic_shapes:
@@ -226,7 +227,7 @@ def _memories(args, names, hidden, inter, dtype, n):
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
     def probe(v):
-        return int(probe_process("ms_swiglu.tools.bench_mlp", [v, hidden, inter, dtype, n],
+        return int(probe_process("ms_swiglu.tools.bench_mlp", [v, hidden, inter, dtype, n, args.jit[0]],
                                  f"memory probe {v} N={n}", timeout=1800))
 
     names = [v for v in names if args.memory and v in variants()]
@@ -464,8 +465,8 @@ def main(argv=None):
         print(json.dumps(peaks()))
         return 0
     if argv and argv[0] == "--probe":
-        variant, hidden, inter, dtype, n = argv[1:]
-        print(memory_probe(variant, int(hidden), int(inter), dtype, int(n)))
+        variant, hidden, inter, dtype, n, jit = argv[1:]
+        print(memory_probe(variant, int(hidden), int(inter), dtype, int(n), jit))
         return 0
     parser = ArgumentParser(prog="ms-swiglu bench", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", nargs="+", default=["llama-7b"], choices=sorted(PRESETS))

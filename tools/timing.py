@@ -94,9 +94,9 @@ SLOW_CALLS = 0.1
 
 class HostSpeed:
     """What /proc cannot see: the host's own speed, sampled by ``probes`` ({name: callable returning a rate,
-    higher = faster}) before every timed call. A sample's speed is its slowest probe's rate over the best rate that
-    probe has given this object at least ``BEST_OF`` times, so one object per benchmark run judges every cell by the
-    run's best, and a lone outlier does not: on an AMD EPYC host the 512 MiB read probe gave 29-35 GB/s in 40
+    higher = faster}) before every timed call (after its pause). A sample's speed is its slowest probe's rate over
+    the best rate that probe has given this object at least ``BEST_OF`` times by the end of the cell's rounds, so
+    one object per benchmark run judges each cell by the run's best so far, and a lone outlier does not: on an AMD EPYC host the 512 MiB read probe gave 29-35 GB/s in 40
     idle samples and once 62 GB/s in a bench run, against which 88-95% of every cell's calls counted as slow."""
 
     BEST_OF = 3
@@ -151,7 +151,7 @@ def interleave(variants, rounds, warmup=3, settle=SETTLE_S, host=None):
     busy pause of ``settle`` seconds (:func:`pause`). Odd rounds run the variants in reverse, so each one follows
     both of its neighbours: order_effect = median over reversed rounds / median over forward rounds - 1 says
     whether a time still depends on what ran before it (0 with fewer than two rounds).
-    With ``host`` (:class:`HostSpeed`), sampled before each call's pause, also ``slow_calls``: the calls that ran
+    With ``host`` (:class:`HostSpeed`), sampled after each call's pause, also ``slow_calls``: the calls that ran
     in a slow phase of the host (below ``SLOW_HOST`` of the best rate seen by the end of the rounds)."""
     for call in variants.values():  # compile and warm up
         for _ in range(warmup):
@@ -160,10 +160,10 @@ def interleave(variants, rounds, warmup=3, settle=SETTLE_S, host=None):
     times, samples = {name: [] for name in names}, {name: [] for name in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            if host:
-                samples[name].append(host.sample())
             if settle:
                 pause(settle)
+            if host:  # after the pause: the previous call's library threads (OpenBLAS, torch) spin until then
+                samples[name].append(host.sample())
             t0 = time.perf_counter()
             variants[name]()
             times[name].append(time.perf_counter() - t0)

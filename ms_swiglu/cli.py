@@ -57,6 +57,14 @@ def _layers(spec, config):
     return layers
 
 
+def _check_quantize(config, converted, tp_size, layers, quant):
+    """tp_size and --quantize against the checkpoint (``converted``: its converted file, or None): a quantized file
+    takes only its own format; a quantization at load must fit the ranks' sizes (int8-g128: whole groups)."""
+    if converted is not None:
+        converted.check_quant(quant)
+    config.check_tp(tp_size, layers, None if converted is not None and converted.quant else quant)
+
+
 def cmd_run(args):
     _count("--tokens", args.tokens)
     _count("--repeat", args.repeat)
@@ -65,11 +73,10 @@ def cmd_run(args):
         raise UsageError(f"--master-port: expected a port in 1..65535, got {args.master_port}")
     config = read_config(args.checkpoint)
     config.check_layer(args.layer)
-    if is_converted(args.checkpoint):  # the file of the same --tp-size, holding the layer, in its format
-        converted = ConvertedFile(args.checkpoint, args.tp_size)
+    converted = ConvertedFile(args.checkpoint, args.tp_size) if is_converted(args.checkpoint) else None
+    if converted is not None:  # the file of the same --tp-size, holding the layer
         converted.check_layer(args.layer)
-        converted.check_quant(args.quantize)
-    config.check_tp(args.tp_size, [args.layer], None if is_converted(args.checkpoint) else args.quantize)
+    _check_quantize(config, converted, args.tp_size, [args.layer], args.quantize)
     x = read_input(args.input, config.hidden_size) if args.input else None
     check_fits("--input" if args.input else "--tokens",
                layer_bytes(config, args.layer, x.size // config.hidden_size if x is not None else args.tokens))
@@ -142,10 +149,8 @@ def cmd_export(args):
         else:
             config.check_layer(args.layer)
             layers = range(args.layer, args.layer + 1)
-        if is_converted(args.checkpoint):  # a quantized file: in its own format
-            ConvertedFile.any_rank(args.checkpoint).check_quant(args.quantize)
-        else:
-            config.check_tp(1, layers, args.quantize)
+        converted = ConvertedFile.any_rank(args.checkpoint) if is_converted(args.checkpoint) else None
+        _check_quantize(config, converted, 1, layers, args.quantize)
     else:
         if args.layer is not None:
             raise UsageError("export: expected --layers A-B (a stack of blocks) with --preset, got --layer")

@@ -110,12 +110,14 @@ def quantize_int8(w, group=None):
         raise InputError(f"quantize: expected finite weights, got {int((~np.isfinite(w)).sum())} NaN/inf values "
                          f"in a {list(w.shape)} tensor")
     k = w.shape[-1]
-    if group is not None and (isinstance(group, bool) or not isinstance(group, (int, np.integer))):
-        raise InputTypeError(f"quantize: expected a group of a positive int number of inputs (or None), got {group!r}")
-    if group is not None and group < 1:
-        raise InputError(f"quantize: expected a group of a positive int number of inputs (or None), got {group!r}")
-    if group is not None and k % group:
-        raise InputError(f"quantize: expected an input size that is a multiple of the group {group}, got {k}")
+    if group is not None:
+        expected = f"quantize: expected a group of a positive int number of inputs (or None), got {group!r}"
+        if isinstance(group, bool) or not isinstance(group, (int, np.integer)):
+            raise InputTypeError(expected)
+        if group < 1:
+            raise InputError(expected)
+        if k % group:
+            raise InputError(f"quantize: expected an input size that is a multiple of the group {group}, got {k}")
     g = w.reshape(*w.shape[:-1], k // group, group) if group else w[..., None, :]  # [..., M, groups, g]
     amax = np.abs(g).max(-1) if g.shape[-1] else np.zeros(g.shape[:-1], np.float32)
     scale = np.where(amax > 0, amax / 127, 1).astype(np.float32)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import preset as preset_shape, PRESETS
-from ms_swiglu.packing import QUANT, dequantize_int8, quantize_int8
+from ms_swiglu.packing import QUANT, dequantize_int8, group_size, quantize_int8
 from ms_swiglu.tools.probes import graph_call, host_probes, machine_line, read_sum
 from ms_swiglu.tools.timing import SETTLE_S, HostSpeed, add_settle_option, paired, watched, write_json
 
@@ -167,10 +167,10 @@ def _paired(p):
     return f"paired by round {p['median']:.2f}x, p10-p90 {p['p10']:.2f}-{p['p90']:.2f}x"
 
 
-def _quantize(w, group=0):
-    """Dequantized int8 weights: per output row (group 0: "int8") or per group of ``group`` inputs of a row
+def _quantize(w, group=None):
+    """Dequantized int8 weights: per output row (group None: "int8") or per group of ``group`` inputs of a row
     ("int8-g128"), by the package's ``quantize_int8``."""
-    return dequantize_int8(*quantize_int8(w, group or None)).astype(np.float64)
+    return dequantize_int8(*quantize_int8(w, group)).astype(np.float64)
 
 
 def _mlp(x, gate_up, down):
@@ -178,9 +178,6 @@ def _mlp(x, gate_up, down):
     inter = gate_up.shape[0] // 2
     with np.errstate(over="ignore"):
         return (z[:, :inter] / (1 + np.exp(-z[:, :inter])) * z[:, inter:]) @ down.T
-
-
-GROUP = 128  # the group-wise scales compared, where the group divides both input sizes (H and I)
 
 
 def accuracy(hidden, inter, tokens=16, seed=0):
@@ -196,7 +193,9 @@ def accuracy(hidden, inter, tokens=16, seed=0):
                 w[:, rng.choice(w.shape[1], w.shape[1] // 100, replace=False)] *= 20
         gu, down = gu.astype(np.float32).astype(np.float64), down.astype(np.float32).astype(np.float64)
         ref = _mlp(x, gu, down)
-        for group in (0, GROUP) if hidden % GROUP == inter % GROUP == 0 else (0,):
+        for group in map(group_size, QUANT):  # every format of the package
+            if group and (hidden % group or inter % group):
+                continue  # its groups must divide both input sizes (H and I)
             y = _mlp(x, _quantize(gu, group), _quantize(down, group))
             rel = np.abs(y - ref) / np.abs(ref).max(-1, keepdims=True)
             r = {"outliers": outliers, "scales": f"per group of {group}" if group else "per output row",

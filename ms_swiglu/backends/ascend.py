@@ -73,7 +73,6 @@ class WeightQuantLinear(nn.Cell):
 
     def __init__(self, group=None):
         super().__init__()
-        self.grouped = group is not None
         self.per_channel = WeightQuantBatchMatmul(transpose_x=False, transpose_weight=True, antiquant_group_size=0)
         self.per_group = None if group is None else WeightQuantBatchMatmul(
             transpose_x=False, transpose_weight=True, antiquant_group_size=group)
@@ -81,7 +80,7 @@ class WeightQuantLinear(nn.Cell):
     def construct(self, x, w, scale):
         shape = ops.shape(x)
         x2, scale = x.reshape(-1, shape[-1]), scale.astype(x.dtype)
-        if not self.grouped:
+        if self.per_group is None:
             y = self.per_channel(x2, w, scale)  # [T, K] x [M, K]^T -> [T, M]
         elif ops.shape(scale)[-1] == 1:  # one group per row: scales [M, 1] -> [M]
             y = self.per_channel(x2, w, scale.reshape(-1))

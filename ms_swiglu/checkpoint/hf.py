@@ -260,7 +260,7 @@ def load_moe_layer(folder, layer, config=None, tp_size=1, rank=0):
         raise CheckpointError(f"layer {layer}: expected a mixture-of-experts layer, got a dense layer of "
                               f"{config.model_type!r}; use load_dense_layer")
     shards, keys, moe, hidden = SafetensorsFolder(folder), config.keys, config.moe, config.hidden_size
-    p, local = keys.prefix(layer), moe.intermediate_size // tp_size
+    p = keys.prefix(layer)
     check_tp(moe.intermediate_size, tp_size, rank)
     out = {"router": shards.read(p + "gate.weight", (moe.num_experts, hidden))[0]}
     for e in range(moe.num_experts):  # stacked in the experts' own dtype (not the router's)

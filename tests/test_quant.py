@@ -404,6 +404,19 @@ def _rounded(w, dtype):
     return w.astype(dtype).astype(np.float64)
 
 
+def _g128_weights(w, dtype, rows, forced=None, expert=False):
+    """The int8-g128 weights (dequantized, float64) that the cpu kernels multiply ``rows`` rows by on the path
+    ``forced`` (None: the automatic one): exact (float32 products) where one row's skinny kernel applies the scales
+    itself and where oneDNN reads float32 rows (16-bit dtypes it has no matmul for on this CPU), else rounded once
+    to the dtype."""
+    taken = forced or kernels.path(dtype, rows, "int8-g128", expert=expert)
+    if taken == "amx" and not (kernels.tuning()["amx_available"] and dtype == "bfloat16"):
+        taken = "skinny"  # (gemm.cc: path)
+    wide = kernels.tuning()["onednn_float32_for"][dtype]
+    exact = (rows == 1 and taken == "skinny") or (wide and taken not in ("skinny", "amx"))
+    return w if exact else _rounded(w, dtype)
+
+
 def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
     from ms_swiglu.checkpoint.converted import quantize_layer, shard_layer  # noqa: PLC0415
     from ms_swiglu.packing import group_size, scale_shape  # noqa: PLC0415
@@ -465,19 +478,13 @@ def test_int8_g128_kernels_on_every_path_against_numpy(dtype):
         q, s = quantize_int8(w, 128)
         q[0], q[1, ::3] = -128, 127
         exact = dequantize_int8(q, s).astype(np.float64)
-        wide, amx = kernels.tuning()["onednn_float32_for"][dtype], kernels.tuning()["amx_available"]
         for n in (1, 3, 9, 40, 300):
             x, x64 = _x(n, k, dtype, seed=n)
             for path in (None,) + kernels.paths():
                 with contextlib.nullcontext() if path is None else kernels.forced_path(path):
                     y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
                     h = kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, m // 2), np_dtype), dtype=dtype)
-                taken = path or kernels.path(dtype, n, "int8-g128")
-                if taken == "amx" and not (amx and dtype == "bfloat16"):
-                    taken = "skinny"  # (gemm.cc: path)
-                # exact (float32 products): one token's skinny kernel, and oneDNN over float32 rows
-                exactly = (n == 1 and taken == "skinny") or (wide and taken not in ("skinny", "amx"))
-                z = x64 @ (exact if exactly else _rounded(exact, dtype)).T
+                z = x64 @ _g128_weights(exact, dtype, n, path).T
                 assert_close(got(y), z, dtype, f"Linear k={k} n={n} path={path}")
                 assert_close(got(h), ref_swiglu(z), dtype, f"GateUpSwiglu k={k} n={n} path={path}")
     with pytest.raises(ValueError, match="status 3"):  # groups that do not divide k
@@ -486,7 +493,7 @@ def test_int8_g128_kernels_on_every_path_against_numpy(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_int8_g128_mlp_cpu_and_composite_against_numpy(dtype):
-    """PackedSwiGLUMLP(quant="int8-g128") on the cpu kernels (weights dequantized to the dtype, rounded once) and
+    """PackedSwiGLUMLP(quant="int8-g128") on the cpu kernels (weights dequantized as _g128_weights says) and
     on the composite reference (dequantized in float32), against NumPy; one C++ call per projection. The
     composite in bfloat16 rounds gate and up before its SwiGLU ops, each rounding again, which this reference
     (the activation rounded once) does not model: float32 only there."""
@@ -498,10 +505,10 @@ def test_int8_g128_mlp_cpu_and_composite_against_numpy(dtype):
         assert mlp.quant == "int8-g128" and mlp.gate_up_proj.weight.dtype == ms.int8
         assert mlp.gate_up_proj.weight_scale.shape == (2 * IG, HG // 128)
         assert mlp.down_proj.weight_scale.shape == (HG, IG // 128)
-        rounded = (lambda w: _rounded(w, dtype)) if backend == "cpu" and dtype != "float32" else (lambda w: w)
-        gu = rounded(dequantize_int8(mlp.gate_up_proj.weight.asnumpy(), mlp.gate_up_proj.weight_scale.asnumpy()))
-        down = rounded(dequantize_int8(mlp.down_proj.weight.asnumpy(), mlp.down_proj.weight_scale.asnumpy()))
+        exact = [dequantize_int8(p.weight.asnumpy(), p.weight_scale.asnumpy()) for p in (mlp.gate_up_proj,
+                                                                                          mlp.down_proj)]
         for n in (1, 5, 70):
+            gu, down = (_g128_weights(w, dtype, n) if backend == "cpu" else w for w in exact)
             x, x64 = to_tensor(np.random.default_rng(n).standard_normal((n, HG)), dtype)
             before = kernels.launches()
             y = mlp(x)
@@ -549,8 +556,8 @@ def test_int8_g128_moe_cpu_and_composite_against_numpy():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_int8_g128_moe_kernels_against_numpy(dtype):
     """QMoeGateUpSwiglu and QMoeDownCombine with scales [E, 2I, H/128] and [E, H, I/128] (two groups each way),
-    on the automatic and every forced path, few rows per expert to many: each expert's weights dequantized and
-    rounded once to the dtype (exact where oneDNN reads float32 rows), its rows' GEMMs in float64, each token's
+    on the automatic and every forced path, few rows per expert to many: each expert's weights dequantized as
+    _g128_weights says for the path its row count takes, its rows' GEMMs in float64, each token's
     k outputs weighted and summed."""
     np_dtype = kernels.NP_DTYPES[dtype]
     got = (lambda a: from_bf16_bits(a) if dtype == "bfloat16" else a)
@@ -560,7 +567,6 @@ def test_int8_g128_moe_kernels_against_numpy(dtype):
     q1, s1 = quantize_int8(rng.standard_normal((experts, 2 * inter, hidden)) / 16 * gain(experts, 2 * inter, 2), 128)
     q2, s2 = quantize_int8(rng.standard_normal((experts, hidden, inter)) / 16 * gain(experts, hidden, 2), 128)
     w1, w2 = dequantize_int8(q1, s1).astype(np.float64), dequantize_int8(q2, s2).astype(np.float64)
-    wide, amx = kernels.tuning()["onednn_float32_for"][dtype], kernels.tuning()["amx_available"]
     for tokens in (1, 5, 40):
         x, x64 = _x(tokens, hidden, dtype, seed=tokens)
         ids = rng.integers(0, experts, (tokens, k)).astype(np.int32)
@@ -568,23 +574,20 @@ def test_int8_g128_moe_kernels_against_numpy(dtype):
         order = np.argsort(ids.ravel(), kind="stable")  # grouped row p is (token, slot) order[p]
         back = np.empty_like(order)
         back[order] = np.arange(order.size)
+        counts = np.bincount(ids.ravel(), minlength=experts)  # each expert's GEMM takes the path of its rows
         for path in (None,) + kernels.paths():
             with contextlib.nullcontext() if path is None else kernels.forced_path(path):
                 h = kernels.run("QMoeGateUpSwiglu", x, ids, q1, s1, np.zeros((tokens * k, inter), np_dtype),
                                 dtype=dtype)
                 out = kernels.run("QMoeDownCombine", h, ids, weights, q2, s2, np.zeros((tokens, hidden), np_dtype),
                                   dtype=dtype)
-            # exact (float32 products): oneDNN over float32 rows, and an expert's single row on the skinny kernel
-            # (one token's kernel applies the scales itself)
-            skinny = path in (None, "skinny") or (path == "amx" and not (amx and dtype == "bfloat16"))
-            single = np.bincount(ids.ravel(), minlength=experts) == 1
-            exact = ((skinny & single) | (dtype == "float32" or (wide and path in ("onednn", "onednn-swapped"))))
-            exact = exact[:, None, None]  # [E, 1, 1]
+            v1, v2 = (np.stack([_g128_weights(w[i], dtype, max(c, 1), path, expert=True) for i, c in enumerate(counts)])
+                      for w in (w1, w2))
             e = ids.ravel()[order]
-            g = np.einsum("ph,pih->pi", x64[order // k], np.where(exact, w1, _rounded(w1, dtype))[e])
+            g = np.einsum("ph,pih->pi", x64[order // k], v1[e])
             assert_close(got(h), ref_swiglu(g), dtype, f"QMoeGateUpSwiglu T={tokens} path={path}")
             h64 = got(h).astype(np.float64)
-            y = np.einsum("pi,phi->ph", h64, np.where(exact, w2, _rounded(w2, dtype))[e])  # [T k, H], grouped
+            y = np.einsum("pi,phi->ph", h64, v2[e])  # [T k, H], grouped
             y = y[back].reshape(tokens, k, hidden)
             assert_close(got(out), (weights[..., None] * y).sum(1), dtype, f"QMoeDownCombine T={tokens} path={path}")
 

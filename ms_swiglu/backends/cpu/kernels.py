@@ -46,7 +46,7 @@ def _lib():
         getattr(lib, name).restype = ctypes.c_char_p
     lib.msw_set_isa.argtypes = [ctypes.c_char_p]
     lib.msw_onednn.argtypes = [ctypes.c_char_p]
-    lib.msw_path.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int]
+    lib.msw_path.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
     lib.msw_launches.argtypes = [ctypes.c_char_p]
     lib.msw_launches.restype = ctypes.c_int64
     return lib
@@ -111,15 +111,16 @@ def _dtype(dtype):
     return dtype.encode()
 
 
-def path(dtype, tokens, quant=None):
-    """The GEMM path ``tokens`` tokens of ``dtype`` take (with ``quant``: against int8 weights of that format):
+def path(dtype, tokens, quant=None, expert=False):
+    """The GEMM path ``tokens`` tokens of ``dtype`` take (with ``quant``: against int8 weights of that format;
+    ``expert``: as one expert's rows in the grouped MoE kernels, which have their own ranges):
     ``skinny`` (each weight row streamed once for all tokens), ``onednn`` (y = x W^T), ``onednn-swapped``
     (y^T = W x^T, the weights as oneDNN's source) or ``amx`` (bfloat16 on AMX tiles). Per-row int8 has its own
     ranges; int8 with group-wise scales takes the paths of weights in ``dtype`` (dequantized for them where the
     kernel does not apply the scales itself)."""
     onednn()
     per_row_int8 = quant is not None and group_size(quant) is None
-    return paths()[_lib().msw_path(_dtype(dtype), int(tokens), per_row_int8)]
+    return paths()[_lib().msw_path(_dtype(dtype), int(tokens), bool(expert), per_row_int8)]
 
 
 @contextlib.contextmanager

@@ -131,9 +131,9 @@ const char *msw_isa_name(int i) { return msw::isa_name(i); }
 const char *msw_onednn(const char *path) { return msw::onednn::bind(path); }
 const char *msw_dtype_name(int d) { return d >= 0 && d < msw::kDtypes ? msw::kDtypeNames[d] : nullptr; }
 const char *msw_path_name(int p) { return p >= 0 && p < msw::kPaths ? msw::kPathNames[p] : nullptr; }
-int msw_path(const char *dtype, int64_t n, int int8_weights) {
+int msw_path(const char *dtype, int64_t n, int expert, int int8_weights) {
   const int d = msw::dtype_index(dtype);
-  return d < 0 ? -1 : msw::path(d, n, false, int8_weights != 0);
+  return d < 0 ? -1 : msw::path(d, n, expert != 0, int8_weights != 0);
 }
 int msw_force_path(int p) { return msw::force_path(p); }
 const char *msw_tuning() {

@@ -85,14 +85,20 @@ void for_tiles(int64_t rows, int64_t inter, const Body &body) {
 }
 
 // Weight rows the skinny kernel reads at once (one register tile, one read stream each): more streams per thread
-// for decode, where the weight read is the whole cost.
+// for decode, where the weight read is the whole cost, as many as the ISA's vector registers hold.
 struct SkinnyTiles {
-  int rows_16bit_1;  // float16/bfloat16 weights, 1 token (float16 read measured +10% over 8 rows)
-  int rows_int8_1;   // int8 weights, 1 token (with the L2 prefetch, against 12 rows: 1.03-1.23x in 6 of 8 runs)
-  int rows_1_2;      // 1-2 tokens (the read probe's best: 8 streams per thread)
+  int rows_16bit_1;  // float16/bfloat16 weights, 1 token
+  int rows_int8_1;   // int8 weights, 1 token
+  int rows_1_2;      // 1-2 tokens
   int rows;          // otherwise
 };
-constexpr SkinnyTiles kSkinnyTiles = {12, 8, 8, 4};
+// 32 vector registers (AVX-512): 16-bit at one token read +10% over 8 rows with 12 (float16); int8 with the L2
+// prefetch against 12 rows: 1.03-1.23x in 6 of 8 runs; 8 streams per thread are the read probe's best.
+constexpr SkinnyTiles kSkinnyTiles32 = {12, 8, 8, 4};
+// 16 (AVX2, where those tiles spill): 3 cold llama-7b layers, bfloat16 x, direct calls interleaved, paired, AMD
+// EPYC Zen 3: one token 1.13-1.21x faster with 6 bfloat16 rows than 12, 1.12-1.17x with 4 int8 rows than 8 (6:
+// level with 4); two tokens 1.03-1.08x with 4 rows than 8.
+constexpr SkinnyTiles kSkinnyTiles16 = {6, 4, 4, 4};
 
 // One token x [k] as x[j] = (parts[j] * 2^15 + parts[k + j]) * unit + res_val[i] where res_idx[i] == j (exactly;
 // IsaKernels::split_x).
@@ -133,6 +139,7 @@ struct IsaKernels {
   // one token with int8 weights on AVX512-VNNI: x split for VPDPWSSD (false: the float kernel takes it), then y [m]
   bool (*split_x)(const float *x, int64_t k, SplitX &out);
   void (*skinny_q8_parts)(const SplitX &x, int64_t k, const void *w, int64_t m, float *y);
+  SkinnyTiles tiles;  // the skinny kernel's tile rows on this ISA
 };
 
 const IsaKernels &isa();        // the ISA in use

@@ -376,10 +376,10 @@ std::string tuning_json() {
     s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + (widened(d) ? "true" : "false");
   s += std::string("}, \"amx_available\": ") + (amx::available() ? "true" : "false");
   s += ", \"block_rows\": " + std::to_string(kBlockRows);
-  s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(kSkinnyTiles.rows_16bit_1) +
-       ", \"int8_1_token\": " + std::to_string(kSkinnyTiles.rows_int8_1) +
-       ", \"1_2_tokens\": " + std::to_string(kSkinnyTiles.rows_1_2) + ", \"other\": " +
-       std::to_string(kSkinnyTiles.rows) + "}";
+  const SkinnyTiles &tiles = isa().tiles;
+  s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(tiles.rows_16bit_1) +
+       ", \"int8_1_token\": " + std::to_string(tiles.rows_int8_1) + ", \"1_2_tokens\": " +
+       std::to_string(tiles.rows_1_2) + ", \"other\": " + std::to_string(tiles.rows) + "}";
   return s + "}";
 }
 

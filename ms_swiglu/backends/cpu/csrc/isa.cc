@@ -34,7 +34,7 @@ int dtype_index(const char *name) {
         {ns::add<float>, ns::add<f16>, ns::add<bf16>},                                      \
         ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}, ns::skinny_q8g,   \
         skinny_bf16, skinny_bf16_q8, skinny_bf16_q8g,                                       \
-        split_x, skinny_q8_parts                                                            \
+        split_x, skinny_q8_parts, ns::kTiles                                                \
   }
 
 #pragma GCC push_options

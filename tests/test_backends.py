@@ -162,6 +162,7 @@ from ms_swiglu.packing import quantize_int8
 rng = np.random.default_rng(0)
 w, experts = rng.standard_normal((96, 256)).astype(np.float32), rng.standard_normal((4, 96, 256)).astype(np.float32)
 ids = (np.arange(200, dtype=np.int32) % 4).reshape(100, 2)  # 50 rows per expert
+quantized = {g: (quantize_int8(w, g), quantize_int8(experts, g)) for g in (None, 128)}
 for dtype in kernels.dtypes():
     np_dtype = kernels.NP_DTYPES[dtype]
     as_dtype = to_bf16_bits if dtype == "bfloat16" else (lambda a: a.astype(np_dtype))
@@ -170,13 +171,11 @@ for dtype in kernels.dtypes():
         for path in kernels.paths():
             with kernels.forced_path(path):
                 kernels.run("Linear", x, as_dtype(w), np.zeros((n, 96), np_dtype), dtype=dtype)
-                for g in (None, 128):
-                    q, s = quantize_int8(w, g)
+                for (q, s), (qe, se) in quantized.values():
                     kernels.run("QLinear", x, q, s, np.zeros((n, 96), np_dtype), dtype=dtype)
                     kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, 48), np_dtype), dtype=dtype)
                     if n == 100:
-                        q, s = quantize_int8(experts, g)
-                        kernels.run("QMoeGateUpSwiglu", x, ids, q, s, np.zeros((200, 48), np_dtype), dtype=dtype)
+                        kernels.run("QMoeGateUpSwiglu", x, ids, qe, se, np.zeros((200, 48), np_dtype), dtype=dtype)
 print("DONE")
 """
 

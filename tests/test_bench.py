@@ -105,6 +105,20 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
         assert s["median"] == pytest.approx(b["median_ms"] / q["median_ms"])
         assert 0 < s["paired"]["p10"] <= s["paired"]["median"] <= s["paired"]["p90"]
         assert ("read_probe_GB/s" in row) == (row["tokens"] == 1) == ("fraction_of_read" in q)
+        if row["tokens"] == 1:  # int8's conversions against the machine's peak for the kernel's instructions
+            from ms_swiglu.backends.cpu import kernels
+
+            peak = row["int8_conversion_peak"]
+            assert peak["probe"] == ("int8_vpdpwssd" if kernels.isa() == "avx512bf16" else "int8_widen")
+            weights = 3 * 176 * 64  # gate_up [2I, H] and down [H, I]
+            assert q["fraction_of_conversion_peak"] == pytest.approx(
+                weights / (q["median_ms"] / 1e3) / 1e9 / peak["G weights/s"])
+            memory = max(row["read_probe_GB/s"], b["GB/s"])
+            fastest_s = max(weights / peak["G weights/s"], q["bytes"] / memory) / 1e9
+            assert s["ceiling"] == pytest.approx(b["median_ms"] / 1e3 / fastest_s)
+            assert "fraction_of_conversion_peak" not in b  # bfloat16 weights: nothing to convert
+        else:
+            assert "int8_conversion_peak" not in row and "ceiling" not in s
         assert {"fraction", "slow_calls", "attempts", "flagged"} <= set(row["disturbance"])
         # the same weights through the library's calls alone (bit-equal to the graph, or the bench stops)
         for name, graph in (("bfloat16", b), ("int8", q)):
@@ -114,6 +128,7 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
             assert ("fraction_of_read" in lib) == (row["tokens"] == 1)
         assert 0 < row["graph_call_ms"]["min"] <= row["graph_call_ms"]["median"]
     assert r.stdout.count("paired by round") == 2 and r.stdout.count("the library's calls alone") == 2
+    assert r.stdout.count("conversions against their peak") == 1
     # per output row only: groups of 128 divide neither H=64 nor I=176
     assert [(a["outliers"], a["scales"]) for a in data["accuracy"]] == [("rows", "per output row"),
                                                                        ("columns", "per output row")]
@@ -341,6 +356,10 @@ assert measured["fma_float32"] > 0
 with open("/proc/cpuinfo") as f:  # a peak for each instruction set the CPU has, None for the others
     flags = next(line.split(":", 1)[1].split() for line in f if line.startswith("flags"))
 assert (measured["avx512_bfloat16"] is not None) == ("avx512_bf16" in flags)
+assert (measured["int8_vpdpwssd"] is not None) == ("avx512_vnni" in flags)
+assert (measured["int8_widen"] is not None) == ("avx2" in flags or "avx512bw" in flags)
+# one FMA lane per int8 weight, counted as 2 FLOP: the loop can not beat the FMAs alone (slack for 1 ms timings)
+assert measured["int8_widen"] is None or measured["int8_widen"] <= 1.5 * measured["fma_float32"]
 print("THREADS", len(before), threads() == before)
 """
 

@@ -12,6 +12,14 @@ variant's bytes per call (weights, and the int8 scales) over its median time is 
 probe's median read bandwidth. The speed-up is also given paired by round (``tools/timing.py: paired``):
 bfloat16's time over int8's in the same round, which a slow phase of the host slows alike.
 
+At N=1 the int8 weights are also held against the machine's peak for the instructions the kernel spends on each
+weight (``tools/probes.py: peaks``, from L1: sign-extend, convert to float32 and FMA; VPDPWSSD where the AVX512-VNNI
+kernel runs), and the speed-up int8 would have at the better of its two ceilings (read bandwidth, conversions) is
+given beside the measured one (the bytes at the read probe's bandwidth or at bfloat16's own in the same rounds,
+the higher: the bfloat16 kernel reads faster than the probe on some hosts). On the AMD EPYC AVX2 host the
+conversion issues once per cycle per core, 52 G weights/s on both cores: 405 M weights of 3 llama-7b layers take
+7.8 ms at that peak, against 16-21 ms for bfloat16's 811 MB there.
+
 The same rounds also time each chain as direct calls of the cpu backend's C++ ops on the same weights (``the
 library's calls alone``: the kernels the graph launches, checked to give the graph's output bit for bit, without
 MindSpore's runtime between them) and MindSpore's cost of one graph call (``x + 1`` on one element), so that a
@@ -33,7 +41,7 @@ import numpy as np
 from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import preset as preset_shape, PRESETS
 from ms_swiglu.packing import QUANT, dequantize_int8, group_size, quantize_int8
-from ms_swiglu.tools.probes import graph_call, host_probes, machine_line, read_sum
+from ms_swiglu.tools.probes import graph_call, host_probes, machine_line, peaks, read_sum
 from ms_swiglu.tools.timing import SETTLE_S, HostSpeed, add_settle_option, paired, watched, write_json
 
 READ_PROBE_FLOATS = 2**28  # 1 GiB
@@ -58,6 +66,12 @@ def _chain(hidden, inter, layers, quant):
 
 def _bytes(net):
     return sum(p.nbytes for p in net.get_parameters())
+
+
+def _int8_weights(net):
+    import mindspore as ms  # noqa: PLC0415
+
+    return sum(p.size for p in net.get_parameters() if p.dtype == ms.int8)
 
 
 def _library(net):
@@ -94,13 +108,26 @@ def _library(net):
     return call
 
 
-def _entry(stats, name, nbytes, read=None):
+def _entry(stats, name, nbytes, read=None, int8_weights=0, peak=None):
     s = stats[name]
     entry = {"median_ms": s["median_s"] * 1e3, "min_ms": s["min_s"] * 1e3, "spread": s["spread"], "bytes": nbytes,
              "GB/s": nbytes / s["median_s"] / 1e9}
     if read:
         entry["fraction_of_read"] = entry["GB/s"] / read
+    if read and int8_weights and peak:
+        entry["fraction_of_conversion_peak"] = int8_weights / s["median_s"] / 1e9 / peak
     return entry
+
+
+def conversion_peak():
+    """``(name, G weights/s)``: the machine's peak for one token against int8 weights in L1, by the instructions
+    the cpu backend's kernel uses on this CPU at one token with 16-bit x (tools/probes.py: ``peaks``): VPDPWSSD
+    where it runs the AVX512-VNNI kernel, else the widening to float32; None where neither runs."""
+    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
+
+    name = "int8_vpdpwssd" if kernels.isa() == "avx512bf16" else "int8_widen"
+    gflops = peaks()[name]
+    return name, gflops / 2 if gflops else None
 
 
 def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8",)):
@@ -109,9 +136,13 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     print(machine_line())
+    peak_name, peak = conversion_peak() if 1 in tokens else (None, None)
+    if peak:
+        print(f"int8 weights at one token, from L1 ({peak_name}): {peak:.1f} G weights/s")
     nets = {"bfloat16": _chain(hidden, inter, layers, None)}
     nets.update({q: _chain(hidden, inter, layers, q) for q in quants})
     nbytes = {name: _bytes(net) for name, net in nets.items()}
+    int8s = {name: _int8_weights(net) for name, net in nets.items()}
     big = np.ones(READ_PROBE_FLOATS, np.float32)
     rows, host, graph_call_probe = [], HostSpeed(host_probes()), graph_call()
     library = {f"{name} library": _library(net) for name, net in nets.items()}
@@ -133,14 +164,22 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
         row = {"tokens": n, "disturbance": dist,
                "graph_call_ms": {k: stats["graph call"][f"{k}_s"] * 1e3 for k in ("median", "min")}}
         for name in nets:
-            row[name] = _entry(stats, name, nbytes[name], read)
-            row[f"{name} library"] = _entry(stats, f"{name} library", nbytes[name], read)
+            row[name] = _entry(stats, name, nbytes[name], read, int8s[name], peak)
+            row[f"{name} library"] = _entry(stats, f"{name} library", nbytes[name], read, int8s[name], peak)
         for q in quants:
             row[f"{q}/bf16 speedup"] = {"median": stats["bfloat16"]["median_s"] / stats[q]["median_s"],
                                         "min": stats["bfloat16"]["min_s"] / stats[q]["min_s"],
                                         "paired": paired(stats, "bfloat16", q)}
         if read:
             row["read_probe_GB/s"] = read
+            if peak:
+                row["int8_conversion_peak"] = {"probe": peak_name, "G weights/s": peak}
+                # bfloat16's time over int8's at the better of its two ceilings: its conversions at their peak, its
+                # bytes at the read probe's bandwidth or bfloat16's own in these rounds, the higher
+                memory = max(read, row["bfloat16"]["GB/s"])
+                for q in quants:
+                    best_s = max(int8s[q] / peak, nbytes[q] / memory) / 1e9
+                    row[f"{q}/bf16 speedup"]["ceiling"] = stats["bfloat16"]["median_s"] / best_s
         rows.append(row)
         for q in quants:
             _print_row(row, q)
@@ -161,6 +200,10 @@ def _print_row(row, q):
             if "read_probe_GB/s" in row else "")
     print(f"        the library's calls alone: bf16 {lb['median_ms']:8.2f} ms, {q} {lq['median_ms']:8.2f} ms{frac}; "
           f"one graph call (x + 1) {row['graph_call_ms']['median']:.2f} ms", flush=True)
+    if "ceiling" in s:
+        print(f"        {q}'s conversions against their peak: graph {qr['fraction_of_conversion_peak']:.0%}, library "
+              f"{lq['fraction_of_conversion_peak']:.0%}; at the better of its two ceilings (conversions, bytes at the "
+              f"read probe's or bf16's bandwidth) {q} would be {s['ceiling']:.2f}x bf16's median", flush=True)
 
 
 def _paired(p):

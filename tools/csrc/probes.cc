@@ -107,6 +107,78 @@ __attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop(int64_t iteratio
   return sink;
 }
 
+// The 4 KB of int8 weights the int8 loops read (in L1).
+struct Q8Block {
+  static constexpr int kBytes = 4096;
+  alignas(64) int8_t q[kBytes];
+  Q8Block() {
+    for (int i = 0; i < kBytes; ++i) q[i] = int8_t(i * 37 + 11);
+  }
+};
+
+// One thread's int8 weights at one token as the package's float kernel takes them (isa_linear.inc: skinny_tile):
+// each 8 (AVX2) or 16 (AVX-512) weights sign-extended from memory to int32, converted to float32 and multiplied into
+// an accumulator, 12 independent ones, from a 4 KB buffer (in L1). On the AMD EPYC AVX2 host the conversion issues
+// once per cycle: the loop, and the kernel on weights in L1, run at 25 G weights/s per core.
+__attribute__((target("avx512f,avx512bw,fma"))) float widen_loop(int64_t iterations) {
+  const Q8Block b;
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(float(i) * 1e-3f);
+  const __m512 x = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    const int8_t *q = b.q + it * 256 % Q8Block::kBytes;  // (the 192 bytes a step reads stay in bounds)
+    for (int i = 0; i < 12; ++i) {
+      const __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(q + i * 16)));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(w), x, acc[i]);
+    }
+  }
+  float sink = 0.0f;
+  for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_ps(acc[i]);
+  return sink;
+}
+
+__attribute__((target("avx2,fma"))) float widen_loop_avx2(int64_t iterations) {
+  const Q8Block b;
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(float(i) * 1e-3f);
+  const __m256 x = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    const int8_t *q = b.q + it * 256 % Q8Block::kBytes;
+    for (int i = 0; i < 12; ++i) {
+      const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q + i * 8)));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w), x, acc[i]);
+    }
+  }
+  float sink = 0.0f;
+  alignas(32) float lanes[8];
+  for (int i = 0; i < 12; ++i) {
+    _mm256_store_ps(lanes, acc[i]);
+    for (float v : lanes) sink += v;
+  }
+  return sink;
+}
+
+// One thread's int8 weights at one token as the package's AVX512-VNNI kernel takes them (skinny_q8_parts, for
+// 16-bit x): each 32 weights sign-extended from memory to int16 and multiplied by VPDPWSSD into two int32 sums (x's
+// two int16 parts), 6 rows of two sums, from a 4 KB buffer (in L1).
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) float vnni_loop(int64_t iterations) {
+  const Q8Block b;
+  __m512i hi[6], lo[6];
+  for (int i = 0; i < 6; ++i) hi[i] = lo[i] = _mm512_set1_epi32(i);
+  const __m512i h = _mm512_set1_epi16(3), l = _mm512_set1_epi16(-5);
+  for (int64_t it = 0; it < iterations; ++it) {
+    const int8_t *q = b.q + it * 256 % Q8Block::kBytes;
+    for (int i = 0; i < 6; ++i) {
+      const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + i * 32)));
+      hi[i] = _mm512_dpwssd_epi32(hi[i], w, h);
+      lo[i] = _mm512_dpwssd_epi32(lo[i], w, l);
+    }
+  }
+  int64_t sink = 0;
+  for (int i = 0; i < 6; ++i) sink += _mm512_reduce_add_epi32(_mm512_add_epi32(hi[i], lo[i]));
+  return float(sink);
+}
+
 // One thread's TDPBF16PS: 6 accumulating tiles (16x16 float32 each) fed by 16x32 bfloat16 A and B tiles already
 // in registers; false where the kernel does not give AMX to this thread.
 __attribute__((target("amx-tile,amx-bf16"))) bool amx_loop(int64_t iterations) {
@@ -192,6 +264,22 @@ double probe_amx_peak(int threads, int64_t iterations) {
   for (char ok : oks)
     if (!ok) return -1.0;
   return double(threads) * iterations * 6 * (16 * 16 * 32 * 2) / s;
+}
+
+// int8 weights at one token, in FLOP/s (2 per weight) on `threads` threads, as the float kernel takes them
+// (widen_loop: AVX-512 12 x 16 weights per iteration, else AVX2 12 x 8); -1 where the CPU has neither.
+double probe_widen_peak(int threads, int64_t iterations) {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+    return loop_rate(threads, iterations, widen_loop, 12 * 16 * 2);
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return -1.0;
+  return loop_rate(threads, iterations, widen_loop_avx2, 12 * 8 * 2);
+}
+
+// int8 weights at one token, in FLOP/s (2 per weight) on `threads` threads, as the AVX512-VNNI kernel takes them
+// (vnni_loop: 6 x 32 weights per iteration); -1 where the CPU lacks it.
+double probe_vnni_peak(int threads, int64_t iterations) {
+  if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vnni")) return -1.0;
+  return loop_rate(threads, iterations, vnni_loop, 6 * 32 * 2);
 }
 
 void probe_add(const float *a, const float *b, float *c, int64_t n) {

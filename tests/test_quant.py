@@ -135,6 +135,33 @@ def test_int8_one_token_of_16bit_x_over_long_rows_wide_ranges_and_non_finite_x(d
         y = kernels.run("QLinear", xa, q, s, np.zeros((1, m), kernels.NP_DTYPES[dtype]), dtype=dtype)
         assert_close(from_bf16_bits(y) if dtype == "bfloat16" else y, z, dtype, name)
 
+@pytest.mark.parametrize("isa", kernels.isas())
+def test_int8_one_token_integer_dot_is_exact_where_float32_sums_round(isa):
+    """One token of bfloat16 x against int8 weights, x = 2^20, 1, -2^20 at elements 0, 8, 16 and rows 127, 1, 127
+    there: the sum is 1. The integer dot kernels (tuning's int8_one_token_dot: VPDPWSSD, VPMADDWD) keep it exactly
+    (the 1 is a low int16 part, or a residual of its block); the float kernel's float32 lanes drop it wherever the
+    three elements share a lane (W = 4, 8: the generic and AVX2 builds), and keep it on AVX-512's 16 lanes. So each
+    ISA's answer says which kernel ran."""
+    k, m = 256, 10  # two 4-row tiles and lone rows
+    x = np.zeros((1, k), np.float32)
+    x[0, 0], x[0, 8], x[0, 16] = 2.0**20, 1.0, -(2.0**20)
+    q = np.zeros((m, k), np.int8)
+    q[:, 0], q[:, 8], q[:, 16] = 127, 1, 127
+    s = np.ones(m, np.float32)
+    best = kernels.isa()
+    try:
+        kernels.set_isa(isa)
+        dot = kernels.tuning()["int8_one_token_dot"]
+        y = from_bf16_bits(kernels.run("QLinear", to_bf16_bits(x), q, s, np.zeros((1, m), np.uint16),
+                                       dtype="bfloat16"))
+    finally:
+        kernels.set_isa(best)
+    lanes = {"avx512bf16": 16, "avx512": 16, "avx2": 8, "generic": 4}[isa]
+    want = 1.0 if dot or lanes == 16 else 0.0
+    assert dot == {"avx512bf16": "vpdpwssd", "avx2": "vpmaddwd"}.get(isa)
+    np.testing.assert_array_equal(y, np.full((1, m), want, np.float32), err_msg=f"isa {isa}, int8 dot {dot}")
+
+
 def _quant_mlp(dtype, backend, seed=0, tp_size=1):
     ms.set_seed(seed)
     return to_quantized(PackedSwiGLUMLP(H, I, dtype=DTYPES[dtype], backend="composite", tp_size=tp_size),

@@ -81,9 +81,9 @@ def onednn():
     return status
 
 
-@functools.cache
 def tuning():
-    """The library's tuning table: which path each dtype takes per token count, and its block sizes."""
+    """The library's tuning table: which path each dtype takes per token count, and its block sizes; for the ISA in
+    use (:func:`set_isa` changes its tile rows and its int8 dot kernel)."""
     return json.loads(_lib().msw_tuning())
 
 

@@ -100,11 +100,13 @@ constexpr SkinnyTiles kSkinnyTiles32 = {12, 8, 8, 4};
 // level with 4); two tokens 1.03-1.08x with 4 rows than 8.
 constexpr SkinnyTiles kSkinnyTiles16 = {6, 4, 4, 4};
 
-// One token x [k] as x[j] = (parts[j] * 2^15 + parts[k + j]) * unit + res_val[i] where res_idx[i] == j (exactly;
-// IsaKernels::split_x).
+// One token x [k] in int16 parts for an integer dot product with int8 weights, exactly (IsaKernels::split_x), plus
+// res_val[i] at element res_idx[i]: on AVX512-VNNI x[j] = (parts[j] * 2^15 + parts[k + j]) * unit; on AVX2
+// x[j] = parts[j] * scale[j / 32] (a power of two per block of 32 elements; parts padded to whole blocks).
 struct SplitX {
   std::vector<int16_t> parts;
   double unit = 0.0;
+  std::vector<float> scale;
   std::vector<int32_t> res_idx;
   std::vector<double> res_val;
 };
@@ -136,7 +138,9 @@ struct IsaKernels {
   // the same from 2 tokens with group-wise scales [m, groups] (k / groups a power of two, 32 or more)
   void (*skinny_bf16_q8g)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy,
                           const float *scale, int64_t groups);
-  // one token with int8 weights on AVX512-VNNI: x split for VPDPWSSD (false: the float kernel takes it), then y [m]
+  // one token of 16-bit x with int8 weights on an integer dot product (int8_dot: "vpdpwssd" on AVX512-VNNI,
+  // "vpmaddwd" on AVX2; nullptr: none): x split for it (false: the float kernel takes it), then y [m]
+  const char *int8_dot;
   bool (*split_x)(const float *x, int64_t k, SplitX &out);
   void (*skinny_q8_parts)(const SplitX &x, int64_t k, const void *w, int64_t m, float *y);
   SkinnyTiles tiles;  // the skinny kernel's tile rows on this ISA

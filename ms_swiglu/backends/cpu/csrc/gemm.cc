@@ -117,10 +117,11 @@ struct Op {
   const IsaKernels *ik;
   const float *scale;  // int8 weights: their scales [m, groups]; nullptr: weights in dtype d
   int64_t groups;
-  // one token of 16-bit x with int8 weights: x split in two int16 parts for VPDPWSSD (IsaKernels::split_x; 3 cold
-  // llama-7b layers, bfloat16 x, direct calls interleaved with the float32 FMA kernel, paired by round, 5 runs on
-  // an Intel Xeon with AMX: 1.05-1.10x, int8 read at 26-31 GB/s against 22-28, the read probe 30-34). Not
-  // float32 x: its 24-bit significands leave residuals wherever |x| < max |x| / 64.
+  // one token of 16-bit x with int8 weights: x split in int16 parts for the ISA's integer dot (IsaKernels::split_x:
+  // two parts for VPDPWSSD, 3 cold llama-7b layers, bfloat16 x, direct calls interleaved with the float32 FMA
+  // kernel, paired by round, 5 runs on an Intel Xeon with AMX: 1.05-1.10x, int8 read at 26-31 GB/s against 22-28,
+  // the read probe 30-34; one part per block of 32 for VPMADDWD on AVX2). Not float32 x: its 24-bit significands
+  // leave residuals wherever |x| < max |x| / 64.
   const SplitX *split = nullptr;
   int a_d() const { return a_dtype(d); }  // x as oneDNN's source operand
   int w_d() const { return w_dtype(d); }  // the weights as oneDNN's operand (int8: widened to it)
@@ -380,6 +381,7 @@ std::string tuning_json() {
   s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(tiles.rows_16bit_1) +
        ", \"int8_1_token\": " + std::to_string(tiles.rows_int8_1) + ", \"1_2_tokens\": " +
        std::to_string(tiles.rows_1_2) + ", \"other\": " + std::to_string(tiles.rows) + "}";
+  s += std::string(", \"int8_one_token_dot\": ") + (isa().int8_dot ? "\"" + std::string(isa().int8_dot) + "\"" : "null");
   return s + "}";
 }
 

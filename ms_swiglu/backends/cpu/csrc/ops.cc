@@ -136,8 +136,9 @@ int msw_path(const char *dtype, int64_t n, int expert, int int8_weights) {
   return d < 0 ? -1 : msw::path(d, n, expert != 0, int8_weights != 0);
 }
 int msw_force_path(int p) { return msw::force_path(p); }
-const char *msw_tuning() {
-  static const std::string json = msw::tuning_json();
+const char *msw_tuning() {  // (built per call: msw_set_isa changes the ISA's entries)
+  thread_local std::string json;
+  json = msw::tuning_json();
   return json.c_str();
 }
 const char *msw_op_name(int i) { return i >= 0 && i < kNumOps ? kOps[i] : nullptr; }

@@ -109,7 +109,8 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
             from ms_swiglu.backends.cpu import kernels
 
             peak = row["int8_conversion_peak"]
-            assert peak["probe"] == ("int8_vpdpwssd" if kernels.isa() == "avx512bf16" else "int8_widen")
+            assert peak["probe"] == {"vpdpwssd": "int8_vpdpwssd", "vpmaddwd": "int8_vpmaddwd", None: "int8_widen"}[
+                kernels.tuning()["int8_one_token_dot"]]
             weights = 3 * 176 * 64  # gate_up [2I, H] and down [H, I]
             assert q["fraction_of_conversion_peak"] == pytest.approx(
                 weights / (q["median_ms"] / 1e3) / 1e9 / peak["G weights/s"])
@@ -358,6 +359,7 @@ with open("/proc/cpuinfo") as f:  # a peak for each instruction set the CPU has,
 assert (measured["avx512_bfloat16"] is not None) == ("avx512_bf16" in flags)
 assert (measured["int8_vpdpwssd"] is not None) == ("avx512_vnni" in flags)
 assert (measured["int8_widen"] is not None) == ("avx2" in flags or "avx512bw" in flags)
+assert (measured["int8_vpmaddwd"] is not None) == ("avx2" in flags)
 # one FMA lane per int8 weight, counted as 2 FLOP: the loop can not beat the FMAs alone (slack for 1 ms timings)
 assert measured["int8_widen"] is None or measured["int8_widen"] <= 1.5 * measured["fma_float32"]
 print("THREADS", len(before), threads() == before)

@@ -13,12 +13,13 @@ probe's median read bandwidth. The speed-up is also given paired by round (``too
 bfloat16's time over int8's in the same round, which a slow phase of the host slows alike.
 
 At N=1 the int8 weights are also held against the machine's peak for the instructions the kernel spends on each
-weight (``tools/probes.py: peaks``, from L1: sign-extend, convert to float32 and FMA; VPDPWSSD where the AVX512-VNNI
-kernel runs), and the speed-up int8 would have at the better of its two ceilings (read bandwidth, conversions) is
-given beside the measured one (the bytes at the read probe's bandwidth or at bfloat16's own in the same rounds,
-the higher: the bfloat16 kernel reads faster than the probe on some hosts). On the AMD EPYC AVX2 host the
-conversion issues once per cycle per core, 52 G weights/s on both cores: 405 M weights of 3 llama-7b layers take
-7.8 ms at that peak, against 16-21 ms for bfloat16's 811 MB there.
+weight (``tools/probes.py: peaks``, from L1: the integer dot kernel's, VPDPWSSD or VPMADDWD, where the CPU has one,
+else sign-extend, convert to float32 and FMA), and the speed-up int8 would have at the better of its two ceilings is
+given beside the measured one (the conversions at that peak; the bytes at the read probe's bandwidth or at
+bfloat16's own in the same rounds, the higher: the bfloat16 kernel reads faster than the probe on some hosts). On
+the AMD EPYC AVX2 host the widening's conversion issues once per cycle per core, 52 G weights/s on both cores
+(405 M weights of 3 llama-7b layers: 7.8 ms, against 16-21 ms for bfloat16's 811 MB there); VPMADDWD, one
+conversion per 32 weights, takes gate_up.
 
 The same rounds also time each chain as direct calls of the cpu backend's C++ ops on the same weights (``the
 library's calls alone``: the kernels the graph launches, checked to give the graph's output bit for bit, without
@@ -121,11 +122,13 @@ def _entry(stats, name, nbytes, read=None, int8_weights=0, peak=None):
 
 def conversion_peak():
     """``(name, G weights/s)``: the machine's peak for one token against int8 weights in L1, by the instructions
-    the cpu backend's kernel uses on this CPU at one token with 16-bit x (tools/probes.py: ``peaks``): VPDPWSSD
-    where it runs the AVX512-VNNI kernel, else the widening to float32; None where neither runs."""
+    the cpu backend's kernel uses on this CPU at one token with 16-bit x (tools/probes.py: ``peaks``): its integer
+    dot kernel's (the tuning table's ``int8_one_token_dot``: VPDPWSSD, VPMADDWD) where it has one, else the
+    widening to float32's; None where neither runs. (x with too wide a range for the integer kernel, such as the
+    SwiGLU output down_proj reads on AVX2, takes the widening kernel: below this peak.)"""
     from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
 
-    name = "int8_vpdpwssd" if kernels.isa() == "avx512bf16" else "int8_widen"
+    name = f"int8_{kernels.tuning()['int8_one_token_dot'] or 'widen'}"
     gflops = peaks()[name]
     return name, gflops / 2 if gflops else None
 

@@ -179,6 +179,33 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) float vnni_loop(int64_t i
   return float(sink);
 }
 
+// One thread's int8 weights at one token as the package's AVX2 integer kernel takes them (skinny_q8_parts, 16-bit
+// x): each 32 weights sign-extended from memory to int16 in two halves, VPMADDWD against x's int16 parts, the two
+// int32 sums added, converted to float32 and multiplied into an accumulator (times the block's scale), 6 rows.
+__attribute__((target("avx2,fma"))) float madd_loop(int64_t iterations) {
+  const Q8Block b;
+  __m256 acc[6];
+  for (int i = 0; i < 6; ++i) acc[i] = _mm256_set1_ps(float(i) * 1e-3f);
+  const __m256i lo = _mm256_set1_epi16(3), hi = _mm256_set1_epi16(-5);
+  const __m256 scale = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    const int8_t *q = b.q + it * 256 % Q8Block::kBytes;
+    for (int i = 0; i < 6; ++i) {
+      const __m128i *p = reinterpret_cast<const __m128i *>(q + i * 32);
+      const __m256i a = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(p)), lo);
+      const __m256i c = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(p + 1)), hi);
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a, c)), scale, acc[i]);
+    }
+  }
+  float sink = 0.0f;
+  alignas(32) float lanes[8];
+  for (int i = 0; i < 6; ++i) {
+    _mm256_store_ps(lanes, acc[i]);
+    for (float v : lanes) sink += v;
+  }
+  return sink;
+}
+
 // One thread's TDPBF16PS: 6 accumulating tiles (16x16 float32 each) fed by 16x32 bfloat16 A and B tiles already
 // in registers; false where the kernel does not give AMX to this thread.
 __attribute__((target("amx-tile,amx-bf16"))) bool amx_loop(int64_t iterations) {
@@ -280,6 +307,13 @@ double probe_widen_peak(int threads, int64_t iterations) {
 double probe_vnni_peak(int threads, int64_t iterations) {
   if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vnni")) return -1.0;
   return loop_rate(threads, iterations, vnni_loop, 6 * 32 * 2);
+}
+
+// int8 weights at one token, in FLOP/s (2 per weight) on `threads` threads, as the AVX2 integer kernel takes them
+// (madd_loop: 6 x 32 weights per iteration); -1 where the CPU lacks AVX2.
+double probe_madd_peak(int threads, int64_t iterations) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return -1.0;
+  return loop_rate(threads, iterations, madd_loop, 6 * 32 * 2);
 }
 
 void probe_add(const float *a, const float *b, float *c, int64_t n) {

@@ -137,6 +137,17 @@ __attribute__((target("avx512f,avx512bw,fma"))) float widen_loop(int64_t iterati
   return sink;
 }
 
+// The sum of every lane of n AVX2 accumulators (the loops' result, so that they are not optimised away).
+__attribute__((target("avx2"))) float sum_lanes(const __m256 *acc, int n) {
+  float sink = 0.0f;
+  alignas(32) float lanes[8];
+  for (int i = 0; i < n; ++i) {
+    _mm256_store_ps(lanes, acc[i]);
+    for (float v : lanes) sink += v;
+  }
+  return sink;
+}
+
 __attribute__((target("avx2,fma"))) float widen_loop_avx2(int64_t iterations) {
   const Q8Block b;
   __m256 acc[12];
@@ -149,13 +160,7 @@ __attribute__((target("avx2,fma"))) float widen_loop_avx2(int64_t iterations) {
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w), x, acc[i]);
     }
   }
-  float sink = 0.0f;
-  alignas(32) float lanes[8];
-  for (int i = 0; i < 12; ++i) {
-    _mm256_store_ps(lanes, acc[i]);
-    for (float v : lanes) sink += v;
-  }
-  return sink;
+  return sum_lanes(acc, 12);
 }
 
 // One thread's int8 weights at one token as the package's AVX512-VNNI kernel takes them (skinny_q8_parts, for
@@ -197,13 +202,7 @@ __attribute__((target("avx2,fma"))) float madd_loop(int64_t iterations) {
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a, c)), scale, acc[i]);
     }
   }
-  float sink = 0.0f;
-  alignas(32) float lanes[8];
-  for (int i = 0; i < 6; ++i) {
-    _mm256_store_ps(lanes, acc[i]);
-    for (float v : lanes) sink += v;
-  }
-  return sink;
+  return sum_lanes(acc, 6);
 }
 
 // One thread's TDPBF16PS: 6 accumulating tiles (16x16 float32 each) fed by 16x32 bfloat16 A and B tiles already

@@ -118,8 +118,20 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
             fastest_s = max(weights / peak["G weights/s"], q["bytes"] / memory) / 1e9
             assert s["ceiling"] == pytest.approx(b["median_ms"] / 1e3 / fastest_s)
             assert "fraction_of_conversion_peak" not in b  # bfloat16 weights: nothing to convert
+            # each projection alone: its share of the bytes, and the speed-up from its own timings
+            proj = row["projections"]
+            assert proj["gate_up"]["int8"]["bytes"] == 2 * 176 * 64 + 4 * 2 * 176
+            assert proj["down"]["int8"]["bytes"] == 64 * 176 + 4 * 64
+            assert (proj["gate_up"]["bfloat16"]["bytes"], proj["down"]["bfloat16"]["bytes"]) == (4 * 176 * 64,
+                                                                                              2 * 64 * 176)
+            assert sum(p["int8"]["bytes"] for p in proj.values()) == q["bytes"]
+            for p in proj.values():
+                ps = p["int8/bf16 speedup"]
+                assert ps["median"] == pytest.approx(p["bfloat16"]["median_ms"] / p["int8"]["median_ms"])
+                assert 0 < ps["paired"]["p10"] <= ps["paired"]["median"] <= ps["paired"]["p90"]
+                assert p["int8"]["fraction_of_read"] == pytest.approx(p["int8"]["GB/s"] / row["read_probe_GB/s"])
         else:
-            assert "int8_conversion_peak" not in row and "ceiling" not in s
+            assert "int8_conversion_peak" not in row and "ceiling" not in s and "projections" not in row
         assert {"fraction", "slow_calls", "attempts", "flagged"} <= set(row["disturbance"])
         # the same weights through the library's calls alone (bit-equal to the graph, or the bench stops)
         for name, graph in (("bfloat16", b), ("int8", q)):
@@ -128,8 +140,9 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
             assert lib["GB/s"] == pytest.approx(lib["bytes"] / lib["median_ms"] / 1e6)
             assert ("fraction_of_read" in lib) == (row["tokens"] == 1)
         assert 0 < row["graph_call_ms"]["min"] <= row["graph_call_ms"]["median"]
-    assert r.stdout.count("paired by round") == 2 and r.stdout.count("the library's calls alone") == 2
+    assert r.stdout.count("paired by round") == 2 + 2 and r.stdout.count("the library's calls alone") == 2
     assert r.stdout.count("conversions against their peak") == 1
+    assert r.stdout.count("alone (library)") == 2  # gate_up and down at N=1
     # per output row only: groups of 128 divide neither H=64 nor I=176
     assert [(a["outliers"], a["scales"]) for a in data["accuracy"]] == [("rows", "per output row"),
                                                                        ("columns", "per output row")]

@@ -21,6 +21,12 @@ the AMD EPYC AVX2 host the widening's conversion issues once per cycle per core,
 (405 M weights of 3 llama-7b layers: 7.8 ms, against 16-21 ms for bfloat16's 811 MB there); VPMADDWD, one
 conversion per 32 weights, takes gate_up.
 
+At N=1 the same rounds also time each projection alone through the library (``projections``: the layers'
+gate_up on the input, then their down_proj on the SwiGLU output the first layer gives), since they take different
+one-token int8 kernels where the integer dot needs x's range to fit (VPMADDWD: the elements of each block of 32
+within 8 binades of its max, bar k / 32; the SwiGLU output down_proj reads on the AMD EPYC AVX2 host does not fit,
+and takes the widening kernel).
+
 The same rounds also time each chain as direct calls of the cpu backend's C++ ops on the same weights (``the
 library's calls alone``: the kernels the graph launches, checked to give the graph's output bit for bit, without
 MindSpore's runtime between them) and MindSpore's cost of one graph call (``x + 1`` on one element), so that a
@@ -75,23 +81,30 @@ def _int8_weights(net):
     return sum(p.size for p in net.get_parameters() if p.dtype == ms.int8)
 
 
-def _library(net):
-    """The chain's MLPs as direct calls of the cpu backend's C++ ops (``[Q]GateUpSwiglu`` + ``[Q]Linear``, the
-    ones its graph launches) on host copies of the same weights, made once, no MindSpore in between: ``call(x)``
-    with x bfloat16 bits [n, H] returns the last layer's output, bfloat16 bits [n, H]."""
-    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
+def _host_layers(net):
+    """Per MLP of the chain: ``("Q" or "", gate_up, down)``, each projection's host copy (bfloat16 as its bits, as
+    the library takes it) as the list of its op's weight inputs: the weight, and with int8 its scales."""
     from ms_swiglu.mlp import weights  # noqa: PLC0415
 
-    def host(a):  # bfloat16 as its bits, as the library takes it
+    def host(a):
         return a.view(np.uint16) if a.dtype.itemsize == 2 else a
 
     layers = []
     for mlp in net:
         w = {name: host(a) for name, a in weights(mlp).items()}
-        # per projection the weight, and with int8 its scales
         gate_up, down = ([w[k] for k in (f"{proj}.weight", f"{proj}.weight_scale") if k in w]
                          for proj in ("gate_up_proj", "down_proj"))
         layers.append(("Q" if mlp.quant else "", gate_up, down))
+    return layers
+
+
+def _library(net):
+    """The chain's MLPs as direct calls of the cpu backend's C++ ops (``[Q]GateUpSwiglu`` + ``[Q]Linear``, the
+    ones its graph launches) on host copies of the same weights, made once, no MindSpore in between: ``call(x)``
+    with x bfloat16 bits [n, H] returns the last layer's output, bfloat16 bits [n, H]."""
+    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
+
+    layers = _host_layers(net)
     buffers = {}  # the outputs for the current token count: [n, I] and one [n, H] per layer
 
     def call(x):
@@ -107,6 +120,30 @@ def _library(net):
         return x
 
     return call
+
+
+def _projections(net, x):
+    """Each projection of the chain's layers alone, as the library's direct calls at one input: gate_up on x (bfloat16 bits [n, H]) and down on the SwiGLU output the chain's first
+    layer gives for x, as in the chain (down_proj's x decides the one-token int8 kernel: its range); each with
+    the bytes its weights (and scales) take: ``{"gate_up": (call, bytes), "down": (call, bytes)}``."""
+    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
+
+    layers = _host_layers(net)
+    act = np.empty((x.shape[0], net[0].intermediate_size), np.uint16)
+    out = np.empty((x.shape[0], net[0].hidden_size), np.uint16)
+    kernels.run(layers[0][0] + "GateUpSwiglu", x, *layers[0][1], act, dtype="bfloat16")
+    act_in = act.copy()
+
+    def gate_up():
+        for q, w, _ in layers:
+            kernels.run(q + "GateUpSwiglu", x, *w, act, dtype="bfloat16")
+
+    def down():
+        for q, _, w in layers:
+            kernels.run(q + "Linear", act_in, *w, out, dtype="bfloat16")
+
+    return {"gate_up": (gate_up, sum(a.nbytes for _, w, _ in layers for a in w)),
+            "down": (down, sum(a.nbytes for _, _, w in layers for a in w))}
 
 
 def _entry(stats, name, nbytes, read=None, int8_weights=0, peak=None):
@@ -162,6 +199,9 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
         variants["graph call"] = graph_call_probe
         if n == 1:
             variants["read probe"] = lambda: read_sum(big)
+            projections = {name: _projections(net, bits) for name, net in nets.items()}
+            variants.update({f"{name} {proj}": call for name, p in projections.items()
+                             for proj, (call, _) in p.items()})
         stats, dist = watched(variants, rounds, host=host, settle=settle)
         read = big.nbytes / stats["read probe"]["median_s"] / 1e9 if n == 1 else None
         row = {"tokens": n, "disturbance": dist,
@@ -183,9 +223,17 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
                 for q in quants:
                     best_s = max(int8s[q] / peak, nbytes[q] / memory) / 1e9
                     row[f"{q}/bf16 speedup"]["ceiling"] = stats["bfloat16"]["median_s"] / best_s
+            row["projections"] = {proj: {name: _entry(stats, f"{name} {proj}", p[proj][1], read)
+                                         for name, p in projections.items()} for proj in ("gate_up", "down")}
+            for proj, entries in row["projections"].items():
+                for q in quants:
+                    entries[f"{q}/bf16 speedup"] = {
+                        "median": stats[f"bfloat16 {proj}"]["median_s"] / stats[f"{q} {proj}"]["median_s"],
+                        "paired": paired(stats, f"bfloat16 {proj}", f"{q} {proj}")}
         rows.append(row)
         for q in quants:
             _print_row(row, q)
+            _print_projections(row, q)
     return rows
 
 
@@ -207,6 +255,14 @@ def _print_row(row, q):
         print(f"        {q}'s conversions against their peak: graph {qr['fraction_of_conversion_peak']:.0%}, library "
               f"{lq['fraction_of_conversion_peak']:.0%}; at the better of its two ceilings (conversions, bytes at the "
               f"read probe's or bf16's bandwidth) {q} would be {s['ceiling']:.2f}x bf16's median", flush=True)
+
+
+def _print_projections(row, q):
+    for proj, e in row.get("projections", {}).items():
+        b, qe, s = e["bfloat16"], e[q], e[f"{q}/bf16 speedup"]
+        print(f"        {proj:7s} alone (library): bf16 {b['median_ms']:7.2f} ms, {q} {qe['median_ms']:7.2f} ms, "
+              f"{s['median']:.2f}x ({_paired(s['paired'])}); read: bf16 {b['fraction_of_read']:.0%}, "
+              f"{q} {qe['fraction_of_read']:.0%}", flush=True)
 
 
 def _paired(p):

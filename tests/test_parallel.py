@@ -77,12 +77,22 @@ def test_msrun_ranks_equal_one_process(dense, mixtral, tmp_path, kind, tp):
     assert many.returncode == 0, many.stderr
     assert f"tp {tp}" in many.stdout
     np.testing.assert_allclose(np.load(tmp_path / "yp.npy"), np.load(tmp_path / "y1.npy"), atol=1e-5, rtol=1.3e-6)
-    assert not _job_processes()
+    assert not _job_processes(folder)
 
 
-def _job_processes():
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "worker.py" in line or "msrun" in line]
+def _job_processes(folder):
+    """The launcher and worker processes of this test session: their command lines name the checkpoint `folder`
+    under pytest's temporary root, so another suite's on the same machine (a second `make test`) are not counted."""
+    root, found = os.path.dirname(folder), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # (ended meanwhile)
+            continue
+        if ("worker.py" in args or "msrun" in args) and root in args:
+            found.append(f"{pid} {args}")
+    return found
 
 
 # `ms-swiglu` with the launcher's worker replaced by tests/tp_fault_worker.py (rank $TP_FAULT_RANK fails)
@@ -102,7 +112,7 @@ def test_a_crashed_worker_is_reported_and_nothing_is_left(dense, tmp_path):
     assert len(lines) == 1 and "worker 1 failed" in lines[0] and "injected failure" in lines[0], r.stderr
     log = re.search(r"\(log: (.*)\)$", lines[0]).group(1)
     assert os.path.exists(log)
-    assert not _job_processes()
+    assert not _job_processes(dense[0])
     assert not (tmp_path / "y.npy").exists()
 
 
@@ -112,13 +122,13 @@ def test_ctrl_c_ends_every_worker(dense, tmp_path):
                                       str(tmp_path / "x.npy"), "--tp-size", "2"], stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, TP_FAULT_RANK="9"))  # no rank 9: both ranks wait
     deadline = time.time() + 120
-    while time.time() < deadline and len([p for p in _job_processes() if "worker.py" in p]) < 2:
+    while time.time() < deadline and len([p for p in _job_processes(dense[0]) if "worker.py" in p]) < 2:
         time.sleep(0.2)
-    assert len([p for p in _job_processes() if "worker.py" in p]) >= 2
+    assert len([p for p in _job_processes(dense[0]) if "worker.py" in p]) >= 2
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err
-    assert not _job_processes()
+    assert not _job_processes(dense[0])
 
 
 def test_tp_size_not_dividing_is_rejected_before_any_worker(dense, tmp_path, capsys):

@@ -73,7 +73,7 @@ def test_a_new_backend_is_one_module_and_one_registry_line(tmp_path, monkeypatch
 def test_the_library_answers_by_name():
     """Dtypes, paths and ops cross the ctypes boundary by name; these fail when Python and C++ drift apart."""
     assert kernels.dtypes() == DTYPE_NAMES == tuple(kernels.NP_DTYPES)
-    assert kernels.paths() == ("skinny", "onednn", "onednn-swapped", "amx") == tuple(kernels.tuning()["paths"])
+    assert kernels.paths() == ("skinny", "onednn", "onednn-swapped", "amx", "panel") == tuple(kernels.tuning()["paths"])
     lib = ctypes.CDLL(kernels.library_path())
     for op in kernels.ops():  # every counted op is an aot op with the functions MindSpore needs
         for suffix in ("", "InferShape", "InferType"):
@@ -89,11 +89,14 @@ def test_the_tuning_table_is_what_the_paths_follow():
         swapped, amx = table["swapped_tokens"][dtype], table["amx_tokens"][dtype]
         for quant in (None, "int8", "int8-g128"):  # per-row int8: its skinny range, checked before amx
             per_row = quant == "int8"  # (int8-g128 takes the paths of dtype's weights)
+            panel = table["panel_tokens_int8" if per_row else "panel_tokens"][dtype]
             for n in range(1, 600):
                 if per_row and n <= table["skinny_max_tokens_int8"][dtype]:
                     want = "skinny"
                 elif table["amx_available"] and amx and amx[0] <= n <= amx[1]:
                     want = "amx"
+                elif panel and panel[0] <= n <= panel[1]:
+                    want = "panel"
                 elif n <= table["skinny_max_tokens"][dtype]:
                     want = "skinny"
                 elif per_row and table["onednn_int8_weights"][dtype]:

@@ -43,6 +43,38 @@ def skinny_only():
         yield
 
 
+@pytest.mark.parametrize("isa", kernels.isas())
+def test_panel_path_where_the_isa_has_it(isa):
+    """The panel kernel is AVX2's: there the tuning table gives it token ranges and a forced panel path takes it;
+    on the other ISAs it has none, and the forced path falls back to the skinny kernel."""
+    best = kernels.isa()
+    try:
+        kernels.set_isa(isa)
+        table = kernels.tuning()
+        ranges = [table[key][dtype] for key in ("panel_tokens", "panel_tokens_int8") for dtype in kernels.dtypes()]
+        with kernels.forced_path("panel"):
+            forced = kernels.path("bfloat16", 16)
+    finally:
+        kernels.set_isa(best)
+    if isa == "avx2":
+        assert forced == "panel" and any(r is not None for r in ranges), ranges
+    else:
+        assert forced == "skinny" and ranges == [None] * len(ranges)
+
+
+@pytest.mark.parametrize("dtype", list(kernels.NP_DTYPES))
+@pytest.mark.parametrize("swiglu", [False, True], ids=["linear", "gate_up_swiglu"])
+def test_panel_tiles_and_tails(dtype, swiglu):
+    """Tokens around the lane tiles (8 and 16 on AVX2, padded with zero tokens); k within one chunk of 256, at it,
+    past it and past two with a vector tail; m (even: gate and up halves) with 6-row groups, lone rows and blocks
+    of 96 (600: several blocks, the last partial, split between the threads in blocks of 256 / 128 rows). On the
+    panel kernel where the ISA has it (test_panel_path_where_the_isa_has_it), else on the skinny kernel."""
+    with kernels.forced_path("panel"):
+        for n in (1, 7, 8, 9, 16, 17, 24, 40):
+            for k, m in ((1, 2), (15, 8), (256, 14), (257, 6), (530, 600)):
+                _check_kernel(n, k, m, dtype, swiglu, seed=n * k + m)
+
+
 def test_onednn_is_bound():
     # MindSpore's CPU wheel ships libdnnl.so.3; without it every size would run the skinny kernel.
     assert kernels.onednn().startswith("oneDNN 3.")
@@ -160,7 +192,9 @@ def test_default_paths():
     # 16-bit weights that oneDNN has no matmul for on this CPU go to it widened to float32, on float32's crossovers.
     widened = {"float32": False, "float16": not _has_fp16_matmul(), "bfloat16": not _has_bf16_matmul()}
     assert kernels.tuning()["onednn_float32_for"] == widened
-    assert kernels.path("float16", 100) == ("onednn-swapped" if widened["float16"] else "onednn")
+    panel = kernels.tuning()["panel_tokens"]  # the panel kernel (AVX2) for 16-bit weights oneDNN takes widened
+    assert kernels.path("float16", 100) == ("panel" if panel["float16"] else
+                                            "onednn-swapped" if widened["float16"] else "onednn")
     for dtype, n, expected in (("float32", 1, "skinny"), ("float32", 8, "skinny"), ("float32", 9, "onednn-swapped"),
                                ("float32", 192, "onednn-swapped"), ("float32", 193, "onednn"),
                                ("bfloat16", 2, "skinny"), ("float16", 12, "skinny")):
@@ -168,7 +202,9 @@ def test_default_paths():
     amx = kernels.tuning()["amx_available"]  # bfloat16 on AMX tiles from 3 to 512 tokens, where the CPU has them
     dot = kernels.tuning()["skinny_max_tokens"]["bfloat16"] == 64  # else a CPU without AVX512-BF16: 16
     if widened["bfloat16"]:  # (no AMX either)
-        cases = ((12, "skinny"), (13, "onednn-swapped"), (192, "onednn-swapped"), (193, "onednn"), (512, "onednn"))
+        middle = "panel" if panel["bfloat16"] else "onednn-swapped"
+        cases = ((12, "skinny"), (13, middle), (128, middle), (129, "onednn-swapped"), (192, "onednn-swapped"),
+                 (193, "onednn"), (512, "onednn"))
     else:
         cases = ((3, "amx" if amx else "skinny"), (16, "amx" if amx else "skinny"),
                  (17, "amx" if amx else "skinny" if dot else "onednn"),

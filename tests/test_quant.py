@@ -434,13 +434,16 @@ def _rounded(w, dtype):
 def _g128_weights(w, dtype, rows, forced=None, expert=False):
     """The int8-g128 weights (dequantized, float64) that the cpu kernels multiply ``rows`` rows by on the path
     ``forced`` (None: the automatic one): exact (float32 products) where one row's skinny kernel applies the scales
-    itself and where oneDNN reads float32 rows (16-bit dtypes it has no matmul for on this CPU), else rounded once
-    to the dtype."""
+    itself, on the panel path (which widens weights to float32) and where oneDNN reads float32 rows (16-bit dtypes
+    it has no matmul for on this CPU), else rounded once to the dtype."""
     taken = forced or kernels.path(dtype, rows, "int8-g128", expert=expert)
     if taken == "amx" and not (kernels.tuning()["amx_available"] and dtype == "bfloat16"):
         taken = "skinny"  # (gemm.cc: path)
     wide = kernels.tuning()["onednn_float32_for"][dtype]
-    exact = (rows == 1 and taken == "skinny") or (wide and taken not in ("skinny", "amx"))
+    if taken == "panel":
+        with kernels.forced_path("panel"):
+            taken = kernels.path(dtype, rows)  # "skinny" on an ISA without the panel kernel (gemm.cc: path)
+    exact = (rows == 1 and taken == "skinny") or taken == "panel" or (wide and taken not in ("skinny", "amx"))
     return w if exact else _rounded(w, dtype)
 
 

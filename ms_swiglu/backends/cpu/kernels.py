@@ -89,7 +89,7 @@ def tuning():
 
 @functools.cache
 def paths():
-    """The GEMM paths, by the library's names: ``("skinny", "onednn", "onednn-swapped")``."""
+    """The GEMM paths, by the library's names: ``("skinny", "onednn", "onednn-swapped", "amx", "panel")``."""
     return _names(_lib().msw_path_name)
 
 
@@ -115,8 +115,8 @@ def path(dtype, tokens, quant=None, expert=False):
     """The GEMM path ``tokens`` tokens of ``dtype`` take (with ``quant``: against int8 weights of that format;
     ``expert``: as one expert's rows in the grouped MoE kernels, which have their own ranges):
     ``skinny`` (each weight row streamed once for all tokens), ``onednn`` (y = x W^T), ``onednn-swapped``
-    (y^T = W x^T, the weights as oneDNN's source) or ``amx`` (bfloat16 on AMX tiles). Per-row int8 has its own
-    ranges; int8 with group-wise scales takes the paths of weights in ``dtype`` (dequantized for them where the
+    (y^T = W x^T, the weights as oneDNN's source), ``amx`` (bfloat16 on AMX tiles) or ``panel`` (weights broadcast
+    against x transposed, on AVX2). Per-row int8 has its own ranges; int8 with group-wise scales takes the paths of weights in ``dtype`` (dequantized for them where the
     kernel does not apply the scales itself)."""
     onednn()
     per_row_int8 = quant is not None and group_size(quant) is None
@@ -126,7 +126,7 @@ def path(dtype, tokens, quant=None, expert=False):
 @contextlib.contextmanager
 def forced_path(name):
     """Within the block every GEMM takes path ``name`` (a diagnostic); oneDNN paths fall back to ``skinny`` where
-    oneDNN cannot run the dtype."""
+    oneDNN cannot run the dtype, and ``amx`` and ``panel`` where the CPU has no such kernel."""
     if name not in paths():
         raise ValueError(f"expected a path in {paths()}, got {name!r}")
     onednn()

@@ -111,6 +111,16 @@ struct SplitX {
   std::vector<double> res_val;
 };
 
+// The panel kernel of an ISA (isa_linear.inc): x transposed by pack_x into [k][np] (returns np, n padded), then
+// y[t * ldy + j] = sum_k x[t, k] w[j, k], j < m, for weights of each dtype (rows) and int8 (q8, unscaled sums).
+struct PanelKernels {
+  using Gemm = void (*)(const float *xt, int64_t n, int64_t np, int64_t k, const void *w, int64_t m, float *y,
+                        int64_t ldy);
+  int64_t (*pack_x)(const float *x, int64_t n, int64_t k, std::vector<float> &xt);
+  Gemm rows[kDtypes];
+  Gemm q8;
+};
+
 // What one ISA's build of isa_*.inc provides.
 struct IsaKernels {
   const char *name;
@@ -144,6 +154,7 @@ struct IsaKernels {
   bool (*split_x)(const float *x, int64_t k, SplitX &out);
   void (*skinny_q8_parts)(const SplitX &x, int64_t k, const void *w, int64_t m, float *y);
   SkinnyTiles tiles;  // the skinny kernel's tile rows on this ISA
+  const PanelKernels *panel;  // nullptr: none on this ISA
 };
 
 const IsaKernels &isa();        // the ISA in use

@@ -17,7 +17,7 @@
 
 namespace msw {
 
-const char *const kPathNames[kPaths] = {"skinny", "onednn", "onednn-swapped", "amx"};
+const char *const kPathNames[kPaths] = {"skinny", "onednn", "onednn-swapped", "amx", "panel"};
 
 namespace {
 
@@ -52,6 +52,19 @@ constexpr int64_t kSwapExpert[kDtypes][2] = {{9, 192}, {1, 0}, {5, 192}};
 // weights too, past their skinny range: oneDNN's weight decompression ran 0.55x as fast at 8 and 16 tokens
 // (3 cold llama-7b layers, Intel Xeon VM, direct calls paired).
 constexpr int64_t kAmxTokens[kDtypes][2] = {{1, 0}, {1, 0}, {3, 512}};
+// The panel kernel (an ISA's PanelKernels: AVX2) within these ranges of tokens, by dtype: 16-bit weights where
+// oneDNN takes them only widened to float32, int8 weights where oneDNN's weight decompression would read float32 x
+// (the configurations measured; checked after the int8 skinny range and the amx path, before the others; not for a
+// MoE block's experts, not measured there). 3 cold llama-7b layers (gate_up + down), bfloat16 x, direct calls
+// interleaved, ratios of medians (5-7 rounds; 3 at 64 (second run), 256 and 512), AVX2 AMD EPYC; against what
+// those token counts took before (skinny / oneDNN / its int8 weight decompression), and int8 against bfloat16:
+//   tokens                    8      12     16     32     64          128    256    512
+//   bfloat16 weights (panel)  0.74x  0.86x  1.08x  1.05x  0.94-1.19x  1.25x  0.90x  0.62x
+//   int8 weights (panel)      1.04x  1.20x  1.40x  1.27x  0.99-1.09x  1.12x  0.90x  0.70x
+//   int8 (panel) / bfloat16   0.88x  0.91x  1.21x  1.14x  1.00-1.26x  1.30x
+// (float32 weights: not measured, oneDNN's float32 matmul keeps them.)
+constexpr int64_t kPanelTokens[kDtypes][2] = {{1, 0}, {13, 128}, {13, 128}};
+constexpr int64_t kPanelTokensQ8[kDtypes][2] = {{9, 128}, {9, 128}, {9, 128}};
 // Weight rows per oneDNN call when its output goes through a float32 block first (the SwiGLU epilogue, and
 // the swapped path's transpose). bfloat16 llama-7b MLP, AMD EPYC (AVX512-BF16), direct calls paired against 1024:
 // 512 and 256 rows 0.98-1.02x at 128 / 512 tokens; the whole [n, 2 inter] in one float32 call, then the epilogue,
@@ -123,6 +136,9 @@ struct Op {
   // the read probe 30-34; one part per block of 32 for VPMADDWD on AVX2). Not float32 x: its 24-bit significands
   // leave residuals wherever |x| < max |x| / 64.
   const SplitX *split = nullptr;
+  // the panel path: x transposed, [k][np] (PanelKernels::pack_x)
+  const float *xt = nullptr;
+  int64_t np = 0;
   int a_d() const { return a_dtype(d); }  // x as oneDNN's source operand
   int w_d() const { return w_dtype(d); }  // the weights as oneDNN's operand (int8: widened to it)
   int sx_d() const { return w_d() == d ? d : kF32; }  // x as the swapped path's weights operand
@@ -164,6 +180,8 @@ struct Op {
       amx::rows(xv, n, k, static_cast<const int8_t *>(w_rows), rows, c, ldc, xsum);
     } else if (path == kAmx) {
       amx::rows(xv, n, k, static_cast<const uint16_t *>(w_rows), rows, c, ldc);
+    } else if (path == kPanel) {
+      (scale ? ik->panel->q8 : ik->panel->rows[d])(xt, n, np, k, w_rows, rows, c, ldc);
     } else if (split) {
       ik->skinny_q8_parts(*split, k, w_rows, rows, c);
     } else if (scale && bf16_dot()) {
@@ -179,17 +197,19 @@ struct Op {
   }
   // stream() over int8 rows with group-wise scales: dequantized to dtype d a few rows at a time into a buffer of the
   // calling thread (in L2, half a page from the x the kernel reads), each piece streamed as weights of dtype d
+  // (the panel kernel widens weights to float32: there they are dequantized to float32, not rounded to d first)
   void stream_grouped(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
     Op f = *this;
     f.scale = nullptr;
-    const int64_t piece = std::max<int64_t>(16, kDequantBytes / (k * es()) / 16 * 16);  // (amx: m % 16 == 0)
+    if (path == kPanel) f.d = kF32;
+    const int64_t piece = std::max<int64_t>(16, kDequantBytes / (k * f.es()) / 16 * 16);  // (amx: m % 16 == 0)
     thread_local std::vector<char> buf;  // grown once per calling thread
-    buf.resize(std::max(buf.size(), size_t(piece * k * es() + 4096)));
+    buf.resize(std::max(buf.size(), size_t(piece * k * f.es() + 4096)));
     char *to = buf.data() + half_page_from(f.bf16_dot() ? x : static_cast<const void *>(xf), buf.data());
     for (int64_t i0 = 0; i0 < rows; i0 += piece) {
       const int64_t p = std::min(piece, rows - i0);
-      ik->widen_q8[d](reinterpret_cast<const int8_t *>(row(w, r0 + i0)), to, p, k, scale + (r0 + i0) * groups,
-                      groups);
+      ik->widen_q8[f.d](reinterpret_cast<const int8_t *>(row(w, r0 + i0)), to, p, k, scale + (r0 + i0) * groups,
+                        groups);
       f.stream(to, 0, p, c + i0, ldc);
     }
   }
@@ -283,7 +303,7 @@ bool run(const Linear &call, const void *w, int64_t rows, const Body &body) {
   }
   std::vector<float> xf;
   const bool onednn_f32 = (op.path == kOnednn && op.a_d() == kF32) || (op.path == kSwapped && op.sx_d() == kF32);
-  if (op.d != kF32 && ((op.path == kSkinny && !op.bf16_dot()) || onednn_f32)) {
+  if (op.d != kF32 && ((op.path == kSkinny && !op.bf16_dot()) || op.path == kPanel || onednn_f32)) {
     xf.resize(op.n * op.k);
     parallel_ranges(op.n, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t)
@@ -291,6 +311,11 @@ bool run(const Linear &call, const void *w, int64_t rows, const Body &body) {
     }, kSerialElements / std::max<int64_t>(op.k, 1));
   }
   op.xf = op.d == kF32 ? static_cast<const float *>(op.x) : xf.data();
+  thread_local std::vector<float> xt;  // grown once per calling thread
+  if (op.path == kPanel) {
+    op.np = op.ik->panel->pack_x(op.xf, op.n, op.k, xt);
+    op.xt = xt.data();
+  }
   if (op.path == kSkinny && op.n > 1) {  // (one token's tiles read one row of x)
     if (op.bf16_dot())
       op.x = placed(op.x, op.n * op.k * op.es(), w);
@@ -311,6 +336,15 @@ int64_t skinny_max(int d, bool expert) {
   return expert ? kSkinnyMaxDotExpert : kSkinnyMaxDot;
 }
 
+// The panel path's range of tokens for dtype d (int8 weights: q8) on this CPU; {1, 0} (none) where its ISA has no
+// panel kernel.
+const int64_t *panel_range(int d, bool expert, bool q8) {
+  static constexpr int64_t kNone[2] = {1, 0};
+  if (!isa().panel || expert) return kNone;
+  if (q8) return a_dtype(d) == kF32 ? kPanelTokensQ8[d] : kNone;
+  return widened(d) ? kPanelTokens[d] : kNone;
+}
+
 // The swapped path's range of tokens for dtype d: float32's where oneDNN takes d widened to float32.
 const int64_t *swap_range(int d, bool expert) {
   const int t = widened(d) ? kF32 : d;
@@ -321,13 +355,15 @@ const int64_t *swap_range(int d, bool expert) {
 
 Path path(int d, int64_t n, bool expert, bool q8) {
   const int forced = g_forced;
-  const int64_t *swap = swap_range(d, expert);
+  const int64_t *swap = swap_range(d, expert), *panel = panel_range(d, expert, q8);
   const Path p = forced >= 0 ? Path(forced)
                  : q8 && n <= kSkinnyMaxQ8[d] ? kSkinny
                  : n >= kAmxTokens[d][0] && n <= kAmxTokens[d][1] && amx::available() ? kAmx
+                 : n >= panel[0] && n <= panel[1] ? kPanel
                  : n <= skinny_max(d, expert) ? kSkinny
                  : n >= swap[0] && n <= swap[1] ? kSwapped : kOnednn;
   if (p == kAmx) return d == kBF16 && amx::available() ? kAmx : kSkinny;
+  if (p == kPanel) return isa().panel ? kPanel : kSkinny;
   if (p == kSkinny || w_dtype(d) < 0) return kSkinny;
   // int8 weights: oneDNN's weight decompression, which takes them as the weights operand only, instead of the
   // int8 rows widened for oneDNN first (llama-7b gate_up, 16 / 128 / 512 tokens, AMD EPYC, 2 threads: float32
@@ -357,8 +393,12 @@ std::string tuning_json() {
   int64_t swapped[kDtypes][2], swapped_expert[kDtypes][2];  // as path() takes them on this CPU
   for (int d = 0; d < kDtypes; ++d)
     for (int i = 0; i < 2; ++i) swapped[d][i] = swap_range(d, false)[i], swapped_expert[d][i] = swap_range(d, true)[i];
+  int64_t panel[kDtypes][2], panel_q8[kDtypes][2];  // as path() takes them on this CPU
+  for (int d = 0; d < kDtypes; ++d)
+    for (int i = 0; i < 2; ++i) panel[d][i] = panel_range(d, false, false)[i], panel_q8[d][i] = panel_range(d, false, true)[i];
   const std::pair<const char *, const int64_t(*)[2]> rows[] = {
-      {"amx_tokens", kAmxTokens}, {"swapped_tokens", swapped}, {"swapped_tokens_expert", swapped_expert}};
+      {"amx_tokens", kAmxTokens}, {"swapped_tokens", swapped}, {"swapped_tokens_expert", swapped_expert},
+      {"panel_tokens", panel}, {"panel_tokens_int8", panel_q8}};
   for (const auto &[key, swap] : rows) {
     s += std::string(", \"") + key + "\": {";
     for (int d = 0; d < kDtypes; ++d) {

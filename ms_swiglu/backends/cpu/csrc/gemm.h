@@ -9,8 +9,9 @@ namespace msw {
 
 // skinny: each weight row streamed once for all (few) tokens; onednn: c = x w^T; onednn-swapped: c^T = w x^T,
 // the weights as oneDNN's source operand, each block transposed back; amx (bfloat16): the skinny kernel's
-// blocks on AMX tiles (amx.cc), the weights as the A operand read in place.
-enum Path { kSkinny, kOnednn, kSwapped, kAmx, kPaths };
+// blocks on AMX tiles (amx.cc), the weights as the A operand read in place; panel: the weights, a few rows at a
+// time, broadcast against x transposed (tokens in the vector lanes), where the ISA has that kernel (AVX2).
+enum Path { kSkinny, kOnednn, kSwapped, kAmx, kPanel, kPaths };
 extern const char *const kPathNames[kPaths];
 
 // the path n tokens of dtype d take (kSkinny when oneDNN cannot); q8: against int8 weights, which take the skinny

@@ -23,7 +23,7 @@ int dtype_index(const char *name) {
   return -1;
 }
 
-#define MSW_TABLE(ns, skinny_bf16, skinny_bf16_q8, skinny_bf16_q8g, int8_dot, split_x, skinny_q8_parts)                   \
+#define MSW_TABLE(ns, skinny_bf16, skinny_bf16_q8, skinny_bf16_q8g, int8_dot, split_x, skinny_q8_parts, panel)      \
   IsaKernels {                                                                              \
     #ns, {ns::fwd<float>, ns::fwd<f16>, ns::fwd<bf16>}, {ns::bwd<float>, ns::bwd<f16>, ns::bwd<bf16>}, \
         {ns::to_float<float>, ns::to_float<f16>, ns::to_float<bf16>},                       \
@@ -34,7 +34,7 @@ int dtype_index(const char *name) {
         {ns::add<float>, ns::add<f16>, ns::add<bf16>},                                      \
         ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}, ns::skinny_q8g,   \
         skinny_bf16, skinny_bf16_q8, skinny_bf16_q8g,                                       \
-        int8_dot, split_x, skinny_q8_parts, ns::kTiles                                      \
+        int8_dot, split_x, skinny_q8_parts, ns::kTiles, panel                               \
   }
 
 #pragma GCC push_options
@@ -68,9 +68,11 @@ namespace avx512 {
 namespace avx2 {
 #define MSW_W 8
 #define MSW_MADD
+#define MSW_PANEL
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
 #include "isa_norm.inc"
+#undef MSW_PANEL
 #undef MSW_MADD
 #undef MSW_W
 }  // namespace avx2
@@ -87,10 +89,11 @@ namespace generic {
 namespace {
 const IsaKernels kIsas[] = {  // best first
     MSW_TABLE(avx512bf16, (avx512bf16::skinny<bf16, bf16>), (avx512bf16::skinny<int8_t, bf16>),
-              avx512bf16::skinny_bf16_q8g, "vpdpwssd", avx512bf16::split_x, avx512bf16::skinny_q8_parts),
-    MSW_TABLE(avx512, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
-    MSW_TABLE(avx2, nullptr, nullptr, nullptr, "vpmaddwd", avx2::split_x, avx2::skinny_q8_parts),
-    MSW_TABLE(generic, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr)};
+              avx512bf16::skinny_bf16_q8g, "vpdpwssd", avx512bf16::split_x, avx512bf16::skinny_q8_parts, nullptr),
+    MSW_TABLE(avx512, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
+    MSW_TABLE(avx2, nullptr, nullptr, nullptr, "vpmaddwd", avx2::split_x, avx2::skinny_q8_parts,
+              &avx2::kPanelKernels),
+    MSW_TABLE(generic, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr)};
 
 int best_isa() {
   __builtin_cpu_init();

@@ -447,6 +447,29 @@ def _g128_weights(w, dtype, rows, forced=None, expert=False):
     return w if exact else _rounded(w, dtype)
 
 
+@pytest.mark.parametrize("dtype", list(kernels.NP_DTYPES))
+def test_int8_group_scales_across_the_panel_kernels_chunks(dtype):
+    """Groups that do not divide the panel kernel's chunk of 256 (100 and 53 elements, not a multiple of the
+    vector lanes): each piece of a chunk takes its own group's scale, the products q * scale exact in float32
+    (test_panel_path_where_the_isa_has_it says where the panel kernel runs; elsewhere the skinny kernel with the
+    rows dequantized to the dtype first)."""
+    np_dtype = kernels.NP_DTYPES[dtype]
+    got = (lambda a: from_bf16_bits(a) if dtype == "bfloat16" else a)
+    for k, groups, m in ((300, 3, 14), (530, 10, 20)):
+        rng = np.random.default_rng(groups)
+        q = rng.integers(-127, 128, (m, k)).astype(np.int8)
+        s = (rng.uniform(0.5, 2.0, (m, groups)) / (127 * np.sqrt(k))).astype(np.float32)
+        s[:, 1] *= 8  # a group whose scale differs: one applied to the wrong piece shows
+        for n in (9, 20):
+            x, x64 = _x(n, k, dtype, seed=n)
+            with kernels.forced_path("panel"):
+                taken = kernels.path(dtype, n)
+                y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
+            w = dequantize_int8(q, s).astype(np.float64)  # (float32 products)
+            assert_close(got(y), x64 @ (w if taken == "panel" else _rounded(w, dtype)).T, dtype,
+                         f"QLinear k={k} groups={groups} n={n} on {taken}")
+
+
 def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
     from ms_swiglu.checkpoint.converted import quantize_layer, shard_layer  # noqa: PLC0415
     from ms_swiglu.packing import group_size, scale_shape  # noqa: PLC0415

@@ -112,13 +112,16 @@ struct SplitX {
 };
 
 // The panel kernel of an ISA (isa_linear.inc): x transposed by pack_x into [k][np] (returns np, n padded), then
-// y[t * ldy + j] = sum_k x[t, k] w[j, k], j < m, for weights of each dtype (rows) and int8 (q8, unscaled sums).
+// y[t * ldy + j] = sum_k x[t, k] w[j, k], j < m, for weights of each dtype (rows) and int8 (q8, unscaled sums;
+// q8g: times group-wise scales [m, groups]).
 struct PanelKernels {
   using Gemm = void (*)(const float *xt, int64_t n, int64_t np, int64_t k, const void *w, int64_t m, float *y,
                         int64_t ldy);
   int64_t (*pack_x)(const float *x, int64_t n, int64_t k, std::vector<float> &xt);
   Gemm rows[kDtypes];
   Gemm q8;
+  void (*q8g)(const float *xt, int64_t n, int64_t np, int64_t k, const void *w, int64_t m, float *y, int64_t ldy,
+              const float *scale, int64_t groups);
 };
 
 // What one ISA's build of isa_*.inc provides.

@@ -91,14 +91,17 @@ struct SkinnyTiles {
   int rows_int8_1;   // int8 weights, 1 token
   int rows_1_2;      // 1-2 tokens
   int rows;          // otherwise
+  int rows_int8;     // otherwise, int8 weights with float32 x (widened in registers)
 };
 // 32 vector registers (AVX-512): 16-bit at one token read +10% over 8 rows with 12 (float16); int8 with the L2
 // prefetch against 12 rows: 1.03-1.23x in 6 of 8 runs; 8 streams per thread are the read probe's best.
-constexpr SkinnyTiles kSkinnyTiles32 = {12, 8, 8, 4};
+constexpr SkinnyTiles kSkinnyTiles32 = {12, 8, 8, 4, 4};
 // 16 (AVX2, where those tiles spill): 3 cold llama-7b layers, bfloat16 x, direct calls interleaved, paired, AMD
 // EPYC Zen 3: one token 1.13-1.21x faster with 6 bfloat16 rows than 12, 1.12-1.17x with 4 int8 rows than 8 (6:
-// level with 4); two tokens 1.03-1.08x with 4 rows than 8.
-constexpr SkinnyTiles kSkinnyTiles16 = {6, 4, 4, 4};
+// level with 4); two tokens 1.03-1.08x with 4 rows than 8. From 3 tokens int8 rows in tiles of 2 rows x 6 tokens
+// (12 accumulators; 4 x 6 spill), against 4 rows: 1.11x / 0.98x / 1.26x / 1.13x at 3 / 4 / 6 / 8 tokens, int8
+// then 0.99x / 1.10x / 1.09x / 1.12x of bfloat16 weights (whose 4-row tiles ran 0.89x / 0.94x with 2 at 6 / 8).
+constexpr SkinnyTiles kSkinnyTiles16 = {6, 4, 4, 4, 2};
 
 // One token x [k] in int16 parts for an integer dot product with int8 weights, exactly (IsaKernels::split_x), plus
 // res_val[i] at element res_idx[i]: on AVX512-VNNI x[j] = (parts[j] * 2^15 + parts[k + j]) * unit; on AVX2

@@ -422,7 +422,8 @@ std::string tuning_json() {
   const SkinnyTiles &tiles = isa().tiles;
   s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(tiles.rows_16bit_1) +
        ", \"int8_1_token\": " + std::to_string(tiles.rows_int8_1) + ", \"1_2_tokens\": " +
-       std::to_string(tiles.rows_1_2) + ", \"other\": " + std::to_string(tiles.rows) + "}";
+       std::to_string(tiles.rows_1_2) + ", \"other\": " + std::to_string(tiles.rows) + ", \"int8_other\": " +
+       std::to_string(tiles.rows_int8) + "}";
   s += std::string(", \"int8_one_token_dot\": ") + (isa().int8_dot ? "\"" + std::string(isa().int8_dot) + "\"" : "null");
   return s + "}";
 }

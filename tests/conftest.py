@@ -1,4 +1,5 @@
 """Shared test set-up: the CPU device, both execution modes, the float64 reference and the tolerances."""
+import contextlib
 import tempfile
 
 import mindspore as ms
@@ -40,6 +41,21 @@ def _kernel_dir(tmp_path_factory):
     mp.setattr(tempfile, "tempdir", tmp)  # this process's
     yield
     mp.undo()
+
+
+@contextlib.contextmanager
+def on_isa(name):
+    """The cpu kernels on instruction set ``name`` within the block (the best one again afterwards); the test is
+    skipped, saying so, on a CPU without it."""
+    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
+    if name not in kernels.isas():
+        pytest.skip(f"expected a CPU that runs the {name} kernels, got one that runs {kernels.isas()}")
+    best = kernels.isa()
+    kernels.set_isa(name)
+    try:
+        yield
+    finally:
+        kernels.set_isa(best)
 
 
 def to_tensor(a, dtype):

@@ -7,7 +7,7 @@ from ms_swiglu import PackedSwiGLUMLP, SwiGLUMLP, to_packed
 from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.checkpoint import from_bf16_bits, to_bf16_bits
 from ms_swiglu.linear import Linear
-from conftest import DTYPES, LossCell, assert_close, ref_swiglu, ref_swiglu_grad, to_f64, to_tensor
+from conftest import DTYPES, LossCell, assert_close, on_isa, ref_swiglu, ref_swiglu_grad, to_f64, to_tensor
 
 
 def _in_dtype(a, dtype):
@@ -67,9 +67,10 @@ def test_panel_path_where_the_isa_has_it(isa):
 def test_panel_tiles_and_tails(dtype, swiglu):
     """Tokens around the lane tiles (8 and 16 on AVX2, padded with zero tokens); k within one chunk of 256, at it,
     past it and past two with a vector tail; m (even: gate and up halves) with 6-row groups, lone rows and blocks
-    of 96 (600: several blocks, the last partial, split between the threads in blocks of 256 / 128 rows). On the
-    panel kernel where the ISA has it (test_panel_path_where_the_isa_has_it), else on the skinny kernel."""
-    with kernels.forced_path("panel"):
+    of 96 (600: several blocks, the last partial, split between the threads in blocks of 256 / 128 rows). On AVX2,
+    the panel kernel's ISA, whichever ISA is the CPU's best."""
+    with on_isa("avx2"), kernels.forced_path("panel"):
+        assert kernels.path(dtype, 16) == "panel"
         for n in (1, 7, 8, 9, 16, 17, 24, 40):
             for k, m in ((1, 2), (15, 8), (256, 14), (257, 6), (530, 600)):
                 _check_kernel(n, k, m, dtype, swiglu, seed=n * k + m)

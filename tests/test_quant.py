@@ -15,7 +15,7 @@ from ms_swiglu.mlp import to_quantized
 from ms_swiglu.moe import PackedMoE
 from ms_swiglu.packing import (dequantize_int8, pack_gate_up, quantize_int8, quantize_state_dict, shard_down,
                                shard_packed)
-from conftest import DTYPES, TOL, assert_close, ref_swiglu, to_f64, to_tensor
+from conftest import DTYPES, TOL, assert_close, on_isa, ref_swiglu, to_f64, to_tensor
 from hf_checkpoint import make_checkpoint
 from moe_reference import ref_block
 from test_cli import cli
@@ -433,9 +433,9 @@ def _rounded(w, dtype):
 
 def _g128_weights(w, dtype, rows, forced=None, expert=False):
     """The int8-g128 weights (dequantized, float64) that the cpu kernels multiply ``rows`` rows by on the path
-    ``forced`` (None: the automatic one): exact (float32 products) where one row's skinny kernel applies the scales
-    itself, on the panel path (which widens weights to float32) and where oneDNN reads float32 rows (16-bit dtypes
-    it has no matmul for on this CPU), else rounded once to the dtype."""
+    ``forced`` (None: the automatic one): exact (float32 products) where the skinny kernel applies the scales
+    itself to float32 x, on the panel path (which widens weights to float32) and where oneDNN reads float32 rows
+    (16-bit dtypes it has no matmul for on this CPU), else rounded once to the dtype."""
     taken = forced or kernels.path(dtype, rows, "int8-g128", expert=expert)
     if taken == "amx" and not (kernels.tuning()["amx_available"] and dtype == "bfloat16"):
         taken = "skinny"  # (gemm.cc: path)
@@ -443,7 +443,10 @@ def _g128_weights(w, dtype, rows, forced=None, expert=False):
     if taken == "panel":
         with kernels.forced_path("panel"):
             taken = kernels.path(dtype, rows)  # "skinny" on an ISA without the panel kernel (gemm.cc: path)
-    exact = (rows == 1 and taken == "skinny") or taken == "panel" or (wide and taken not in ("skinny", "amx"))
+    # the skinny kernel multiplies float32 x's weights by their scales as it widens them; bfloat16 x read as it is
+    # (tuning's bfloat16_x_dot) takes them rounded to bfloat16 from 2 tokens
+    bf16_dot = dtype == "bfloat16" and rows > 1 and kernels.tuning()["bfloat16_x_dot"]
+    exact = (taken == "skinny" and not bf16_dot) or taken == "panel" or (wide and taken not in ("skinny", "amx"))
     return w if exact else _rounded(w, dtype)
 
 
@@ -451,8 +454,7 @@ def _g128_weights(w, dtype, rows, forced=None, expert=False):
 def test_int8_group_scales_across_the_panel_kernels_chunks(dtype):
     """Groups that do not divide the panel kernel's chunk of 256 (100 and 53 elements, not a multiple of the
     vector lanes): each piece of a chunk takes its own group's scale, the products q * scale exact in float32
-    (test_panel_path_where_the_isa_has_it says where the panel kernel runs; elsewhere the skinny kernel with the
-    rows dequantized to the dtype first)."""
+    (on AVX2, the panel kernel's ISA, whichever ISA is the CPU's best)."""
     np_dtype = kernels.NP_DTYPES[dtype]
     got = (lambda a: from_bf16_bits(a) if dtype == "bfloat16" else a)
     for k, groups, m in ((300, 3, 14), (530, 10, 20)):
@@ -462,12 +464,11 @@ def test_int8_group_scales_across_the_panel_kernels_chunks(dtype):
         s[:, 1] *= 8  # a group whose scale differs: one applied to the wrong piece shows
         for n in (9, 20):
             x, x64 = _x(n, k, dtype, seed=n)
-            with kernels.forced_path("panel"):
-                taken = kernels.path(dtype, n)
+            with on_isa("avx2"), kernels.forced_path("panel"):
+                assert kernels.path(dtype, n) == "panel"
                 y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
             w = dequantize_int8(q, s).astype(np.float64)  # (float32 products)
-            assert_close(got(y), x64 @ (w if taken == "panel" else _rounded(w, dtype)).T, dtype,
-                         f"QLinear k={k} groups={groups} n={n} on {taken}")
+            assert_close(got(y), x64 @ w.T, dtype, f"QLinear k={k} groups={groups} n={n}")
 
 
 def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
@@ -517,10 +518,33 @@ def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
         assert str(err.value).endswith(f"got {list(bad)}") and "[4] (per row) or [4] + [groups]" in str(err.value)
 
 
+@pytest.mark.parametrize("dtype", list(kernels.NP_DTYPES))
+def test_int8_group_scales_in_the_skinny_tiles(dtype):
+    """Few tokens on the skinny kernel against int8 rows with group-wise scales (groups of 16 and 64: one and
+    several vectors of each ISA): every token count of its tiles (full tiles of 6 tokens, and 1-5 after them),
+    rows that leave a tail of its tile rows, each group's scale its own (one group 8x the others); against the
+    weights dequantized in float32, or rounded to bfloat16 where the kernel reads bfloat16 x as it is."""
+    np_dtype = kernels.NP_DTYPES[dtype]
+    got = (lambda a: from_bf16_bits(a) if dtype == "bfloat16" else a)
+    for g, groups, m in ((16, 5, 13), (64, 3, 7)):
+        k = g * groups
+        rng = np.random.default_rng(g)
+        q = rng.integers(-127, 128, (m, k)).astype(np.int8)
+        s = (rng.uniform(0.5, 2.0, (m, groups)) / (127 * np.sqrt(k))).astype(np.float32)
+        s[:, 1] *= 8
+        w = dequantize_int8(q, s).astype(np.float64)  # (float32 products)
+        for n in (2, 3, 5, 6, 7, 8, 13):
+            x, x64 = _x(n, k, dtype, seed=n)
+            with kernels.forced_path("skinny"):
+                y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
+            assert_close(got(y), x64 @ _g128_weights(w, dtype, n, "skinny").T, dtype,
+                         f"QLinear k={k} groups={groups} m={m} n={n}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_int8_g128_kernels_on_every_path_against_numpy(dtype):
     """QLinear and QGateUpSwiglu with scales [M, K / 128]: the weights dequantized to the dtype (rounded once;
-    exactly at one token, whose kernel applies the scales itself, and where oneDNN reads float32), the GEMM in
+    exactly where the kernel applies the scales itself, and where oneDNN reads float32: _g128_weights), the GEMM in
     float64, on the automatic and every forced path, decode to prefill; weights whose magnitude changes by group,
     so that a scale applied to the wrong group shows."""
     np_dtype = kernels.NP_DTYPES[dtype]

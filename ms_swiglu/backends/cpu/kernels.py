@@ -83,7 +83,7 @@ def onednn():
 
 def tuning():
     """The library's tuning table: which path each dtype takes per token count, and its block sizes; for the ISA in
-    use (:func:`set_isa` changes its tile rows and its int8 dot kernel)."""
+    use (:func:`set_isa` changes its tile rows, its panel ranges and its dot kernels)."""
     return json.loads(_lib().msw_tuning())
 
 
@@ -116,8 +116,8 @@ def path(dtype, tokens, quant=None, expert=False):
     ``expert``: as one expert's rows in the grouped MoE kernels, which have their own ranges):
     ``skinny`` (each weight row streamed once for all tokens), ``onednn`` (y = x W^T), ``onednn-swapped``
     (y^T = W x^T, the weights as oneDNN's source), ``amx`` (bfloat16 on AMX tiles) or ``panel`` (weights broadcast
-    against x transposed, on AVX2). Per-row int8 has its own ranges; int8 with group-wise scales takes the paths of weights in ``dtype`` (dequantized for them where the
-    kernel does not apply the scales itself)."""
+    against x transposed, on AVX2). Per-row int8 has its own ranges; int8 with group-wise scales takes the paths
+    of weights in ``dtype`` (dequantized for them where the kernel does not apply the scales itself)."""
     onednn()
     per_row_int8 = quant is not None and group_size(quant) is None
     return paths()[_lib().msw_path(_dtype(dtype), int(tokens), bool(expert), per_row_int8)]

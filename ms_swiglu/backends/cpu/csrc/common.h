@@ -115,16 +115,14 @@ struct SplitX {
 };
 
 // The panel kernel of an ISA (isa_linear.inc): x transposed by pack_x into [k][np] (returns np, n padded), then
-// y[t * ldy + j] = sum_k x[t, k] w[j, k], j < m, for weights of each dtype (rows) and int8 (q8, unscaled sums;
-// q8g: times group-wise scales [m, groups]).
+// y[t * ldy + j] = sum_k x[t, k] w[j, k], j < m, for weights of each dtype (rows) and int8 (q8: unscaled sums
+// where scale is nullptr, else times group-wise scales [m, groups]).
 struct PanelKernels {
   using Gemm = void (*)(const float *xt, int64_t n, int64_t np, int64_t k, const void *w, int64_t m, float *y,
-                        int64_t ldy);
+                        int64_t ldy, const float *scale, int64_t groups);
   int64_t (*pack_x)(const float *x, int64_t n, int64_t k, std::vector<float> &xt);
   Gemm rows[kDtypes];
   Gemm q8;
-  void (*q8g)(const float *xt, int64_t n, int64_t np, int64_t k, const void *w, int64_t m, float *y, int64_t ldy,
-              const float *scale, int64_t groups);
 };
 
 // What one ISA's build of isa_*.inc provides.
@@ -145,9 +143,10 @@ struct IsaKernels {
   void (*skinny_q8)(const float *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
   void (*widen_q8[kDtypes])(const int8_t *src, void *dst, int64_t rows, int64_t k, const float *scale,
                             int64_t groups);
-  // one token, float32 x, int8 w [m, k] with group-wise scales [m, groups] (k / groups a multiple of 16): y [m]
-  void (*skinny_q8g)(const float *x, int64_t k, const void *w, int64_t m, float *y, const float *scale,
-                     int64_t groups);
+  // float32 x, int8 w [m, k] with group-wise scales [m, groups] (k / groups a multiple of 16; from 2 tokens a power
+  // of two), each product times its group's scale in float32
+  void (*skinny_q8g)(const float *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy,
+                     const float *scale, int64_t groups);
   // the skinny kernel for bfloat16 x on AVX512-BF16 (VDPBF16PS), bfloat16 and int8 weights; nullptr on other ISAs
   void (*skinny_bf16)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
   void (*skinny_bf16_q8)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);

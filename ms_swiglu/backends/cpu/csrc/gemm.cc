@@ -164,20 +164,21 @@ struct Op {
   int64_t step(int64_t skinny_rows) const { return path == kAmx && n > 16 ? kAmxRows : skinny_rows; }
   // c[t * ldc + j] = sum_k x[t, k] w[r0 + j, k], j < rows: the weight-streaming kernel of the path
   void stream(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
-    // group-wise scales: in the kernel at one token (each group's float32 sum times its scale), for bfloat16 x
-    // on VDPBF16PS and on the panel path (the int8 rows widened times their scales); else the rows dequantized
-    // first (stream_grouped). The panel path, 3 cold llama-7b layers, bfloat16 x, direct calls interleaved: 1.55x /
+    // group-wise scales: in the kernel on the skinny path (one token: each group's float32 sum times its scale;
+    // more: each weight times its scale as it is widened, float32 x, or bfloat16 x on VDPBF16PS) and on the panel
+    // path (the int8 rows widened times their scales); else the rows dequantized first (stream_grouped). The panel path, 3 cold llama-7b layers, bfloat16 x, direct calls interleaved: 1.55x /
     // 1.45x faster at 16 / 128 tokens than on the rows dequantized first, 0.96x / 1.13x of per-row int8 weights.
     // llama-7b, 3 layers, bfloat16, against bfloat16 weights: 1.84-1.92x at one token, where dequantizing first
     // ran 0.79x; 0.80-0.89x at 16 tokens (dequantized first 0.68-0.70x).
-    if (grouped() && path == kSkinny && n == 1 && k / groups % 16 == 0)
-      return ik->skinny_q8g(xf, k, row(w, r0), rows, c, scale + r0 * groups, groups);
     const int64_t g = grouped() ? k / groups : 0;
-    if (grouped() && path == kSkinny && bf16_dot() && g >= 32 && (g & (g - 1)) == 0)
+    const bool pow2 = (g & (g - 1)) == 0;
+    if (grouped() && path == kSkinny && bf16_dot() && g >= 32 && pow2)
       return ik->skinny_bf16_q8g(static_cast<const bf16 *>(x), n, k, row(w, r0), rows, c, ldc, scale + r0 * groups,
                                  groups);
+    if (grouped() && path == kSkinny && !bf16_dot() && g % 16 == 0 && (n == 1 || pow2))
+      return ik->skinny_q8g(xf, n, k, row(w, r0), rows, c, ldc, scale + r0 * groups, groups);
     if (grouped() && path == kPanel)  // (the scales multiplied in as the kernel widens the rows)
-      return ik->panel->q8g(xt, n, np, k, row(w, r0), rows, c, ldc, scale + r0 * groups, groups);
+      return ik->panel->q8(xt, n, np, k, row(w, r0), rows, c, ldc, scale + r0 * groups, groups);
     if (grouped()) return stream_grouped(w, r0, rows, c, ldc);
     const void *w_rows = row(w, r0);
     if (path == kAmx && scale) {  // int8 on tiles: widened to bfloat16 as the panels are packed
@@ -185,7 +186,7 @@ struct Op {
     } else if (path == kAmx) {
       amx::rows(xv, n, k, static_cast<const uint16_t *>(w_rows), rows, c, ldc);
     } else if (path == kPanel) {
-      (scale ? ik->panel->q8 : ik->panel->rows[d])(xt, n, np, k, w_rows, rows, c, ldc);
+      (scale ? ik->panel->q8 : ik->panel->rows[d])(xt, n, np, k, w_rows, rows, c, ldc, nullptr, 1);
     } else if (split) {
       ik->skinny_q8_parts(*split, k, w_rows, rows, c);
     } else if (scale && bf16_dot()) {
@@ -397,7 +398,8 @@ std::string tuning_json() {
     for (int i = 0; i < 2; ++i) swapped[d][i] = swap_range(d, false)[i], swapped_expert[d][i] = swap_range(d, true)[i];
   int64_t panel[kDtypes][2], panel_q8[kDtypes][2];  // as path() takes them on this CPU
   for (int d = 0; d < kDtypes; ++d)
-    for (int i = 0; i < 2; ++i) panel[d][i] = panel_range(d, false, false)[i], panel_q8[d][i] = panel_range(d, false, true)[i];
+    for (int i = 0; i < 2; ++i)
+      panel[d][i] = panel_range(d, false, false)[i], panel_q8[d][i] = panel_range(d, false, true)[i];
   const std::pair<const char *, const int64_t(*)[2]> rows[] = {
       {"amx_tokens", kAmxTokens}, {"swapped_tokens", swapped}, {"swapped_tokens_expert", swapped_expert},
       {"panel_tokens", panel}, {"panel_tokens_int8", panel_q8}};
@@ -424,7 +426,10 @@ std::string tuning_json() {
        ", \"int8_1_token\": " + std::to_string(tiles.rows_int8_1) + ", \"1_2_tokens\": " +
        std::to_string(tiles.rows_1_2) + ", \"other\": " + std::to_string(tiles.rows) + ", \"int8_other\": " +
        std::to_string(tiles.rows_int8) + "}";
-  s += std::string(", \"int8_one_token_dot\": ") + (isa().int8_dot ? "\"" + std::string(isa().int8_dot) + "\"" : "null");
+  const auto quoted = [](const char *name) { return name ? "\"" + std::string(name) + "\"" : std::string("null"); };
+  s += ", \"int8_one_token_dot\": " + quoted(isa().int8_dot);
+  // bfloat16 x read as it is by the skinny kernel (int8 rows with group-wise scales: widened times them to bfloat16)
+  s += ", \"bfloat16_x_dot\": " + quoted(isa().skinny_bf16 ? "vdpbf16ps" : nullptr);
   return s + "}";
 }
 

@@ -47,15 +47,11 @@ def skinny_only():
 def test_panel_path_where_the_isa_has_it(isa):
     """The panel kernel is AVX2's: there the tuning table gives it token ranges and a forced panel path takes it;
     on the other ISAs it has none, and the forced path falls back to the skinny kernel."""
-    best = kernels.isa()
-    try:
-        kernels.set_isa(isa)
+    with on_isa(isa):
         table = kernels.tuning()
         ranges = [table[key][dtype] for key in ("panel_tokens", "panel_tokens_int8") for dtype in kernels.dtypes()]
         with kernels.forced_path("panel"):
             forced = kernels.path("bfloat16", 16)
-    finally:
-        kernels.set_isa(best)
     if isa == "avx2":
         assert forced == "panel" and any(r is not None for r in ranges), ranges
     else:
@@ -122,14 +118,10 @@ def test_skinny_x_anywhere_in_its_page(dtype, skinny_only):
 
 @pytest.mark.parametrize("isa", kernels.isas())  # every ISA this CPU runs (the best also runs every other test)
 def test_skinny_every_isa(isa, skinny_only):
-    best = kernels.isa()
-    try:
-        kernels.set_isa(isa)
+    with on_isa(isa):
         for dtype in kernels.NP_DTYPES:
             _check_kernel(3, 37, 66, dtype, True)
             _check_kernel(7, 100, 9, dtype, False)
-    finally:
-        kernels.set_isa(best)
 
 
 def test_the_best_isa_of_this_cpu():

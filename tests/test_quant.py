@@ -148,14 +148,10 @@ def test_int8_one_token_integer_dot_is_exact_where_float32_sums_round(isa):
     q = np.zeros((m, k), np.int8)
     q[:, 0], q[:, 8], q[:, 16] = 127, 1, 127
     s = np.ones(m, np.float32)
-    best = kernels.isa()
-    try:
-        kernels.set_isa(isa)
+    with on_isa(isa):
         dot = kernels.tuning()["int8_one_token_dot"]
         y = from_bf16_bits(kernels.run("QLinear", to_bf16_bits(x), q, s, np.zeros((1, m), np.uint16),
                                        dtype="bfloat16"))
-    finally:
-        kernels.set_isa(best)
     lanes = {"avx512bf16": 16, "avx512": 16, "avx2": 8, "generic": 4}[isa]
     want = 1.0 if dot or lanes == 16 else 0.0
     assert dot == {"avx512bf16": "vpdpwssd", "avx2": "vpmaddwd"}.get(isa)

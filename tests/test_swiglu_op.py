@@ -8,7 +8,7 @@ from mindspore import nn, ops
 import ms_swiglu
 from ms_swiglu import SwiGLU
 from ms_swiglu.backends.cpu import kernels
-from conftest import DTYPES, assert_close, ref_swiglu, ref_swiglu_grad, to_f64, to_tensor
+from conftest import DTYPES, assert_close, on_isa, ref_swiglu, ref_swiglu_grad, to_f64, to_tensor
 
 BACKENDS = ["cpu", "akg", "composite"]
 SHAPES = [(0, 2), (1, 2), (3, 7, 862), (5, 22016)]
@@ -57,17 +57,15 @@ def test_functional_form_matches_cell(backend, mode):
 def test_every_isa_of_the_cpu_kernel(isa, dtype):
     """Each code path of the .so (forced with msw_set_isa), at widths that leave every tail length."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    best = kernels.isa()
     try:
-        kernels.set_isa(isa)
-        net = SwiGLU("cpu")
-        for inter in list(range(1, 34)) + [4095, 4097, 9000]:
-            x, x64, dy, dy64 = _inputs((3, 2 * inter), dtype, seed=inter)
-            assert_close(net(x), ref_swiglu(x64), dtype, f"{isa} forward I={inter}")
-            assert_close(Grad(net)(x, dy), ref_swiglu_grad(x64, dy64), dtype, f"{isa} backward I={inter}")
-        assert kernels.isa() == isa
+        with on_isa(isa):
+            net = SwiGLU("cpu")
+            for inter in list(range(1, 34)) + [4095, 4097, 9000]:
+                x, x64, dy, dy64 = _inputs((3, 2 * inter), dtype, seed=inter)
+                assert_close(net(x), ref_swiglu(x64), dtype, f"{isa} forward I={inter}")
+                assert_close(Grad(net)(x, dy), ref_swiglu_grad(x64, dy64), dtype, f"{isa} backward I={inter}")
+            assert kernels.isa() == isa
     finally:
-        kernels.set_isa(best)
         ms.set_context(mode=ms.GRAPH_MODE)
 
 

@@ -446,6 +446,16 @@ def _g128_weights(w, dtype, rows, forced=None, expert=False):
     return w if exact else _rounded(w, dtype)
 
 
+def _q8_groups(m, k, groups, seed):
+    """Random int8 rows [m, k] and group-wise scales [m, groups], group 1's 8x the others' (a scale applied to the
+    wrong piece shows)."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-127, 128, (m, k)).astype(np.int8)
+    s = (rng.uniform(0.5, 2.0, (m, groups)) / (127 * np.sqrt(k))).astype(np.float32)
+    s[:, 1] *= 8
+    return q, s
+
+
 @pytest.mark.parametrize("dtype", list(kernels.NP_DTYPES))
 def test_int8_group_scales_across_the_panel_kernels_chunks(dtype):
     """Groups that do not divide the panel kernel's chunk of 256 (100 and 53 elements, not a multiple of the
@@ -454,10 +464,7 @@ def test_int8_group_scales_across_the_panel_kernels_chunks(dtype):
     np_dtype = kernels.NP_DTYPES[dtype]
     got = (lambda a: from_bf16_bits(a) if dtype == "bfloat16" else a)
     for k, groups, m in ((300, 3, 14), (530, 10, 20)):
-        rng = np.random.default_rng(groups)
-        q = rng.integers(-127, 128, (m, k)).astype(np.int8)
-        s = (rng.uniform(0.5, 2.0, (m, groups)) / (127 * np.sqrt(k))).astype(np.float32)
-        s[:, 1] *= 8  # a group whose scale differs: one applied to the wrong piece shows
+        q, s = _q8_groups(m, k, groups, seed=groups)
         for n in (9, 20):
             x, x64 = _x(n, k, dtype, seed=n)
             with on_isa("avx2"), kernels.forced_path("panel"):
@@ -524,10 +531,7 @@ def test_int8_group_scales_in_the_skinny_tiles(dtype):
     got = (lambda a: from_bf16_bits(a) if dtype == "bfloat16" else a)
     for g, groups, m in ((16, 5, 13), (64, 3, 7)):
         k = g * groups
-        rng = np.random.default_rng(g)
-        q = rng.integers(-127, 128, (m, k)).astype(np.int8)
-        s = (rng.uniform(0.5, 2.0, (m, groups)) / (127 * np.sqrt(k))).astype(np.float32)
-        s[:, 1] *= 8
+        q, s = _q8_groups(m, k, groups, seed=g)
         w = dequantize_int8(q, s).astype(np.float64)  # (float32 products)
         for n in (2, 3, 5, 6, 7, 8, 13):
             x, x64 = _x(n, k, dtype, seed=n)

@@ -166,8 +166,9 @@ struct Op {
   void stream(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
     // group-wise scales: in the kernel on the skinny path (one token: each group's float32 sum times its scale;
     // more: each weight times its scale as it is widened, float32 x, or bfloat16 x on VDPBF16PS) and on the panel
-    // path (the int8 rows widened times their scales); else the rows dequantized first (stream_grouped). The panel path, 3 cold llama-7b layers, bfloat16 x, direct calls interleaved: 1.55x /
-    // 1.45x faster at 16 / 128 tokens than on the rows dequantized first, 0.96x / 1.13x of per-row int8 weights.
+    // path (the int8 rows widened times their scales); else the rows dequantized first (stream_grouped). The panel
+    // path, 3 cold llama-7b layers, bfloat16 x, direct calls interleaved: 1.55x / 1.45x faster at 16 / 128 tokens
+    // than on the rows dequantized first, 0.96x / 1.13x of per-row int8 weights.
     // llama-7b, 3 layers, bfloat16, against bfloat16 weights: 1.84-1.92x at one token, where dequantizing first
     // ran 0.79x; 0.80-0.89x at 16 tokens (dequantized first 0.68-0.70x).
     const int64_t g = grouped() ? k / groups : 0;

@@ -429,9 +429,10 @@ def _rounded(w, dtype):
 
 def _g128_weights(w, dtype, rows, forced=None, expert=False):
     """The int8-g128 weights (dequantized, float64) that the cpu kernels multiply ``rows`` rows by on the path
-    ``forced`` (None: the automatic one): exact (float32 products) where the skinny kernel applies the scales
-    itself to float32 x, on the panel path (which widens weights to float32) and where oneDNN reads float32 rows
-    (16-bit dtypes it has no matmul for on this CPU), else rounded once to the dtype."""
+    ``forced`` (None: the automatic one): exact (unrounded) where the skinny kernel applies the scales itself to
+    float32 x (each group's float32 sums times its scale), on the panel path (which widens weights to float32)
+    and where oneDNN reads float32 rows (16-bit dtypes it has no matmul for on this CPU), else rounded once to the
+    dtype."""
     taken = forced or kernels.path(dtype, rows, "int8-g128", expert=expert)
     if taken == "amx" and not (kernels.tuning()["amx_available"] and dtype == "bfloat16"):
         taken = "skinny"  # (gemm.cc: path)
@@ -439,8 +440,8 @@ def _g128_weights(w, dtype, rows, forced=None, expert=False):
     if taken == "panel":
         with kernels.forced_path("panel"):
             taken = kernels.path(dtype, rows)  # "skinny" on an ISA without the panel kernel (gemm.cc: path)
-    # the skinny kernel multiplies float32 x's weights by their scales as it widens them; bfloat16 x read as it is
-    # (tuning's bfloat16_x_dot) takes them rounded to bfloat16 from 2 tokens
+    # the skinny kernel scales float32 x's sums by group; bfloat16 x read as it is (tuning's bfloat16_x_dot) takes
+    # the weights times their scales rounded to bfloat16 from 2 tokens
     bf16_dot = dtype == "bfloat16" and rows > 1 and kernels.tuning()["bfloat16_x_dot"]
     exact = (taken == "skinny" and not bf16_dot) or taken == "panel" or (wide and taken not in ("skinny", "amx"))
     return w if exact else _rounded(w, dtype)

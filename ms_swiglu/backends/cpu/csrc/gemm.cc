@@ -165,7 +165,7 @@ struct Op {
   // c[t * ldc + j] = sum_k x[t, k] w[r0 + j, k], j < rows: the weight-streaming kernel of the path
   void stream(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
     // group-wise scales: in the kernel on the skinny path (one token: each group's float32 sum times its scale;
-    // more: each weight times its scale as it is widened, float32 x, or bfloat16 x on VDPBF16PS) and on the panel
+    // more: float32 x the same in the tiles, bfloat16 x on VDPBF16PS each weight times its scale) and on the panel
     // path (the int8 rows widened times their scales); else the rows dequantized first (stream_grouped). The panel
     // path, 3 cold llama-7b layers, bfloat16 x, direct calls interleaved: 1.55x / 1.45x faster at 16 / 128 tokens
     // than on the rows dequantized first, 0.96x / 1.13x of per-row int8 weights.

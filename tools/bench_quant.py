@@ -32,7 +32,11 @@ library's calls alone``: the kernels the graph launches, checked to give the gra
 MindSpore's runtime between them) and MindSpore's cost of one graph call (``x + 1`` on one element), so that a
 fraction of the read bandwidth below the kernels' own shows what the runtime adds: on the AMD EPYC host, 3 int8
 layers at one token read at 94-97% of the probe through the library and 82-83% through the graph after the pause
-(0.23 ms per graph call back to back, ~1 ms after 0.2 s).
+(0.23 ms per graph call back to back, ~1 ms after 0.2 s). Where the rest goes (a sched_switch trace by perf over 2 s of
+back-to-back calls of that int8 chain, same host): the kernels' second thread ran 78-84% of the time through the
+graph, 94% through the library; it waits while MindSpore launches the next op on the calling thread, a median
+0.15 ms between ops with static shapes and 0.28 ms with dynamic ones (whose InferShape dlopens the library at each
+launch), and 1.2-1.5 ms between calls.
 
 Accuracy (``--accuracy``, NumPy, float64): the MLP at the preset's shape with random weights (std 0.02) with
 outlier rows (1% of rows x20) or outlier input columns (1% of columns x20), int8 per output row (the package's
@@ -123,9 +127,10 @@ def _library(net):
 
 
 def _projections(net, x):
-    """Each projection of the chain's layers alone, as the library's direct calls at one input: gate_up on x (bfloat16 bits [n, H]) and down on the SwiGLU output the chain's first
-    layer gives for x, as in the chain (down_proj's x decides the one-token int8 kernel: its range); each with
-    the bytes its weights (and scales) take: ``{"gate_up": (call, bytes), "down": (call, bytes)}``."""
+    """Each projection of the chain's layers alone, as the library's direct calls at one input: gate_up on x
+    (bfloat16 bits [n, H]) and down on the SwiGLU output the chain's first layer gives for x, as in the chain
+    (down_proj's x decides the one-token int8 kernel: its range); each with the bytes its weights (and scales)
+    take: ``{"gate_up": (call, bytes), "down": (call, bytes)}``."""
     from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
 
     layers = _host_layers(net)

@@ -132,6 +132,13 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
                 assert p["int8"]["fraction_of_read"] == pytest.approx(p["int8"]["GB/s"] / row["read_probe_GB/s"])
         else:
             assert "int8_conversion_peak" not in row and "ceiling" not in s and "projections" not in row
+        # the same MLP Cells as a graph compiled for this token count: the same bytes, its own times and speed-up
+        assert row["shapes"] == ["dynamic", "static"]
+        bs, qs, ss = row["bfloat16 static"], row["int8 static"], row["int8/bf16 speedup static"]
+        assert (bs["bytes"], qs["bytes"]) == (b["bytes"], q["bytes"])
+        assert ss["median"] == pytest.approx(bs["median_ms"] / qs["median_ms"])
+        assert 0 < ss["paired"]["p10"] <= ss["paired"]["median"] <= ss["paired"]["p90"]
+        assert ("ceiling" in ss) == ("ceiling" in s) == (row["tokens"] == 1)
         assert {"fraction", "slow_calls", "attempts", "flagged"} <= set(row["disturbance"])
         # the same weights through the library's calls alone (bit-equal to the graph, or the bench stops)
         for name, graph in (("bfloat16", b), ("int8", q)):
@@ -140,8 +147,10 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
             assert lib["GB/s"] == pytest.approx(lib["bytes"] / lib["median_ms"] / 1e6)
             assert ("fraction_of_read" in lib) == (row["tokens"] == 1)
         assert 0 < row["graph_call_ms"]["min"] <= row["graph_call_ms"]["median"]
-    assert r.stdout.count("paired by round") == 2 + 2 and r.stdout.count("the library's calls alone") == 2
-    assert r.stdout.count("conversions against their peak") == 1
+    # a graph line per shape kind at each N, and each projection alone at N=1
+    assert r.stdout.count("paired by round") == 2 * 2 + 2 and r.stdout.count("the library's calls alone") == 2
+    assert r.stdout.count("graph, dynamic shapes") == r.stdout.count("graph, static shapes") == 2
+    assert r.stdout.count("conversions against their peak") == 2  # N=1, both graphs
     assert r.stdout.count("alone (library)") == 2  # gate_up and down at N=1
     # per output row only: groups of 128 divide neither H=64 nor I=176
     assert [(a["outliers"], a["scales"]) for a in data["accuracy"]] == [("rows", "per output row"),

@@ -1,7 +1,8 @@
 """Weight-only int8 against bfloat16 on the cpu backend: speed (interleaved, one process) and accuracy.
 
     python -m ms_swiglu.tools.bench_quant [--preset llama-7b] [--tokens 1 16 128 512] [--layers 3] [--rounds 7]
-                                          [--quant int8 [int8-g128]] [--settle S] [--accuracy] [--json FILE]
+                                          [--quant int8 [int8-g128]] [--shapes dynamic static] [--settle S]
+                                          [--accuracy] [--json FILE]
 
 Speed: per token count, a chain of ``--layers`` packed MLPs with distinct weights (larger than the L3 together:
 every layer's weights come from memory, as in a model), bfloat16 weights against their int8 quantization
@@ -10,7 +11,10 @@ rounds with the disturbance accounting of ``tools/timing.py`` (other processes, 
 phases). At N=1 the 1 GiB read probe runs in the same rounds, and each
 variant's bytes per call (weights, and the int8 scales) over its median time is given as a fraction of the
 probe's median read bandwidth. The speed-up is also given paired by round (``tools/timing.py: paired``):
-bfloat16's time over int8's in the same round, which a slow phase of the host slows alike.
+bfloat16's time over int8's in the same round, which a slow phase of the host slows alike. Each chain runs as two
+graphs over the same Cells (``--shapes``): one compiled for any number of tokens ("dynamic", as ``ms-swiglu run``
+compiles it) and one per token count ("static", as a decode step of fixed batch would be); MindSpore's runtime costs
+the dynamic one more per op (below).
 
 At N=1 the int8 weights are also held against the machine's peak for the instructions the kernel spends on each
 weight (``tools/probes.py: peaks``, from L1: the integer dot kernel's, VPDPWSSD or VPMADDWD, where the CPU has one,
@@ -56,11 +60,12 @@ from ms_swiglu.tools.probes import graph_call, host_probes, machine_line, peaks,
 from ms_swiglu.tools.timing import SETTLE_S, HostSpeed, add_settle_option, paired, watched, write_json
 
 READ_PROBE_FLOATS = 2**28  # 1 GiB
+SHAPES = ("dynamic", "static")
 
 
 def _chain(hidden, inter, layers, quant):
+    """``layers`` packed bfloat16 MLPs with distinct weights (seeded by layer), quantized to ``quant`` if given."""
     import mindspore as ms  # noqa: PLC0415
-    from mindspore import nn  # noqa: PLC0415
 
     from ms_swiglu import PackedSwiGLUMLP  # noqa: PLC0415
     from ms_swiglu.mlp import to_quantized  # noqa: PLC0415
@@ -70,22 +75,37 @@ def _chain(hidden, inter, layers, quant):
         ms.set_seed(seed)
         mlp = PackedSwiGLUMLP(hidden, inter, dtype=ms.bfloat16, backend="cpu")
         mlps.append(to_quantized(mlp, quant) if quant else mlp)
+    return mlps
+
+
+def _graph(mlps, shapes):
+    """The MLPs as one graph: with ``shapes`` "dynamic" compiled once for any number of tokens (as ``ms-swiglu
+    run`` compiles), with "static" once per token count (the ops' shapes known at compile time). The two graphs
+    of a chain share its MLP Cells, so their parameters too."""
+    import mindspore as ms  # noqa: PLC0415
+    from mindspore import nn  # noqa: PLC0415
+
     net = nn.SequentialCell(mlps)
-    net.set_inputs(ms.Tensor(shape=[None, hidden], dtype=ms.bfloat16))
+    if shapes == "dynamic":
+        net.set_inputs(ms.Tensor(shape=[None, mlps[0].hidden_size], dtype=ms.bfloat16))
     return net
 
 
-def _bytes(net):
-    return sum(p.nbytes for p in net.get_parameters())
+def _graph_name(name, shapes):
+    return name if shapes == "dynamic" else f"{name} {shapes}"
 
 
-def _int8_weights(net):
+def _bytes(mlps):
+    return sum(p.nbytes for mlp in mlps for p in mlp.get_parameters())
+
+
+def _int8_weights(mlps):
     import mindspore as ms  # noqa: PLC0415
 
-    return sum(p.size for p in net.get_parameters() if p.dtype == ms.int8)
+    return sum(p.size for mlp in mlps for p in mlp.get_parameters() if p.dtype == ms.int8)
 
 
-def _host_layers(net):
+def _host_layers(mlps):
     """Per MLP of the chain: ``("Q" or "", gate_up, down)``, each projection's host copy (bfloat16 as its bits, as
     the library takes it) as the list of its op's weight inputs: the weight, and with int8 its scales."""
     from ms_swiglu.mlp import weights  # noqa: PLC0415
@@ -94,7 +114,7 @@ def _host_layers(net):
         return a.view(np.uint16) if a.dtype.itemsize == 2 else a
 
     layers = []
-    for mlp in net:
+    for mlp in mlps:
         w = {name: host(a) for name, a in weights(mlp).items()}
         gate_up, down = ([w[k] for k in (f"{proj}.weight", f"{proj}.weight_scale") if k in w]
                          for proj in ("gate_up_proj", "down_proj"))
@@ -102,21 +122,21 @@ def _host_layers(net):
     return layers
 
 
-def _library(net):
+def _library(mlps):
     """The chain's MLPs as direct calls of the cpu backend's C++ ops (``[Q]GateUpSwiglu`` + ``[Q]Linear``, the
     ones its graph launches) on host copies of the same weights, made once, no MindSpore in between: ``call(x)``
     with x bfloat16 bits [n, H] returns the last layer's output, bfloat16 bits [n, H]."""
     from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
 
-    layers = _host_layers(net)
+    layers = _host_layers(mlps)
     buffers = {}  # the outputs for the current token count: [n, I] and one [n, H] per layer
 
     def call(x):
         n = x.shape[0]
         if n not in buffers:
             buffers.clear()
-            buffers[n] = (np.empty((n, net[0].intermediate_size), np.uint16),
-                          [np.empty((n, net[0].hidden_size), np.uint16) for _ in layers])
+            buffers[n] = (np.empty((n, mlps[0].intermediate_size), np.uint16),
+                          [np.empty((n, mlps[0].hidden_size), np.uint16) for _ in layers])
         act, outs = buffers[n]
         for (q, gate_up, down), out in zip(layers, outs):
             kernels.run(q + "GateUpSwiglu", x, *gate_up, act, dtype="bfloat16")
@@ -126,16 +146,16 @@ def _library(net):
     return call
 
 
-def _projections(net, x):
+def _projections(mlps, x):
     """Each projection of the chain's layers alone, as the library's direct calls at one input: gate_up on x
     (bfloat16 bits [n, H]) and down on the SwiGLU output the chain's first layer gives for x, as in the chain
     (down_proj's x decides the one-token int8 kernel: its range); each with the bytes its weights (and scales)
     take: ``{"gate_up": (call, bytes), "down": (call, bytes)}``."""
     from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
 
-    layers = _host_layers(net)
-    act = np.empty((x.shape[0], net[0].intermediate_size), np.uint16)
-    out = np.empty((x.shape[0], net[0].hidden_size), np.uint16)
+    layers = _host_layers(mlps)
+    act = np.empty((x.shape[0], mlps[0].intermediate_size), np.uint16)
+    out = np.empty((x.shape[0], mlps[0].hidden_size), np.uint16)
     kernels.run(layers[0][0] + "GateUpSwiglu", x, *layers[0][1], act, dtype="bfloat16")
     act_in = act.copy()
 
@@ -175,7 +195,7 @@ def conversion_peak():
     return name, gflops / 2 if gflops else None
 
 
-def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8",)):
+def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8",), shapes=SHAPES):
     import mindspore as ms  # noqa: PLC0415
 
     ms.set_device("CPU")
@@ -184,50 +204,51 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
     peak_name, peak = conversion_peak() if 1 in tokens else (None, None)
     if peak:
         print(f"int8 weights at one token, from L1 ({peak_name}): {peak:.1f} G weights/s")
-    nets = {"bfloat16": _chain(hidden, inter, layers, None)}
-    nets.update({q: _chain(hidden, inter, layers, q) for q in quants})
-    nbytes = {name: _bytes(net) for name, net in nets.items()}
-    int8s = {name: _int8_weights(net) for name, net in nets.items()}
+    chains = {"bfloat16": _chain(hidden, inter, layers, None)}
+    chains.update({q: _chain(hidden, inter, layers, q) for q in quants})
+    graphs = {_graph_name(name, sh): (name, _graph(mlps, sh)) for sh in shapes for name, mlps in chains.items()}
+    nbytes = {name: _bytes(mlps) for name, mlps in chains.items()}
+    int8s = {name: _int8_weights(mlps) for name, mlps in chains.items()}
     big = np.ones(READ_PROBE_FLOATS, np.float32)
     rows, host, graph_call_probe = [], HostSpeed(host_probes()), graph_call()
-    library = {f"{name} library": _library(net) for name, net in nets.items()}
+    library = {f"{name} library": _library(mlps) for name, mlps in chains.items()}
     for n in tokens:
         x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
         x, bits = ms.Tensor(x32).astype(ms.bfloat16), to_bf16_bits(x32)
-        variants = {name: (lambda net=net: net(x).asnumpy()) for name, net in nets.items()}
-        for name in nets:  # the same computation, or the comparison means nothing
-            graph, direct = variants[name]().view(np.uint16), library[f"{name} library"](bits)
+        variants = {key: (lambda net=net: net(x).asnumpy()) for key, (_, net) in graphs.items()}
+        for key, (name, _) in graphs.items():  # the same computation, or the comparison means nothing
+            graph, direct = variants[key]().view(np.uint16), library[f"{name} library"](bits)
             if not np.array_equal(graph, direct):
-                raise AssertionError(f"{name}: the library's direct calls differ from the graph's output "
+                raise AssertionError(f"{key}: the library's direct calls differ from the graph's output "
                                      f"(max |diff| of the bits {np.abs(graph.astype(int) - direct).max()})")
         variants.update({key: (lambda call=call: call(bits)) for key, call in library.items()})
         variants["graph call"] = graph_call_probe
         if n == 1:
             variants["read probe"] = lambda: read_sum(big)
-            projections = {name: _projections(net, bits) for name, net in nets.items()}
+            projections = {name: _projections(mlps, bits) for name, mlps in chains.items()}
             variants.update({f"{name} {proj}": call for name, p in projections.items()
                              for proj, (call, _) in p.items()})
         stats, dist = watched(variants, rounds, host=host, settle=settle)
         read = big.nbytes / stats["read probe"]["median_s"] / 1e9 if n == 1 else None
-        row = {"tokens": n, "disturbance": dist,
+        row = {"tokens": n, "shapes": list(shapes), "disturbance": dist,
                "graph_call_ms": {k: stats["graph call"][f"{k}_s"] * 1e3 for k in ("median", "min")}}
-        for name in nets:
-            row[name] = _entry(stats, name, nbytes[name], read, int8s[name], peak)
-            row[f"{name} library"] = _entry(stats, f"{name} library", nbytes[name], read, int8s[name], peak)
-        for q in quants:
-            row[f"{q}/bf16 speedup"] = {"median": stats["bfloat16"]["median_s"] / stats[q]["median_s"],
-                                        "min": stats["bfloat16"]["min_s"] / stats[q]["min_s"],
-                                        "paired": paired(stats, "bfloat16", q)}
+        for key, (name, _) in [*graphs.items(), *((f"{name} library", (name, None)) for name in chains)]:
+            row[key] = _entry(stats, key, nbytes[name], read, int8s[name], peak)
+        for q, sh in ((q, sh) for sh in shapes for q in quants):
+            base, other = _graph_name("bfloat16", sh), _graph_name(q, sh)
+            row[_graph_name(f"{q}/bf16 speedup", sh)] = {
+                "median": stats[base]["median_s"] / stats[other]["median_s"],
+                "min": stats[base]["min_s"] / stats[other]["min_s"], "paired": paired(stats, base, other)}
         if read:
             row["read_probe_GB/s"] = read
             if peak:
                 row["int8_conversion_peak"] = {"probe": peak_name, "G weights/s": peak}
                 # bfloat16's time over int8's at the better of its two ceilings: its conversions at their peak, its
                 # bytes at the read probe's bandwidth or bfloat16's own in these rounds, the higher
-                memory = max(read, row["bfloat16"]["GB/s"])
-                for q in quants:
-                    best_s = max(int8s[q] / peak, nbytes[q] / memory) / 1e9
-                    row[f"{q}/bf16 speedup"]["ceiling"] = stats["bfloat16"]["median_s"] / best_s
+                for q, sh in ((q, sh) for sh in shapes for q in quants):
+                    base = _graph_name("bfloat16", sh)
+                    best_s = max(int8s[q] / peak, nbytes[q] / max(read, row[base]["GB/s"])) / 1e9
+                    row[_graph_name(f"{q}/bf16 speedup", sh)]["ceiling"] = stats[base]["median_s"] / best_s
             row["projections"] = {proj: {name: _entry(stats, f"{name} {proj}", p[proj][1], read)
                                          for name, p in projections.items()} for proj in ("gate_up", "down")}
             for proj, entries in row["projections"].items():
@@ -243,23 +264,23 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
 
 
 def _print_row(row, q):
-    n, b, qr, s = row["tokens"], row["bfloat16"], row[q], row[f"{q}/bf16 speedup"]
-    frac = (f"; read {row['read_probe_GB/s']:.1f} GB/s: bf16 {b['fraction_of_read']:.0%}, {q} "
-            f"{qr['fraction_of_read']:.0%}") if "read_probe_GB/s" in row else ""
     flag = " DISTURBED" if row["disturbance"]["flagged"] else ""
-    print(f"N={n:4d}  bf16 {b['median_ms']:8.2f} ms (min {b['min_ms']:.2f})  {q} {qr['median_ms']:8.2f} ms "
-          f"(min {qr['min_ms']:.2f})  {q} speedup {s['median']:.2f}x (min {s['min']:.2f}x, {_paired(s['paired'])})"
-          f"{frac}; disturbance {row['disturbance']['fraction']:.1%}, slow host "
-          f"{row['disturbance']['slow_calls']:.0%}{flag}", flush=True)
-    lb, lq = row["bfloat16 library"], row[f"{q} library"]
-    frac = (f", read: bf16 {lb['fraction_of_read']:.0%}, {q} {lq['fraction_of_read']:.0%}"
-            if "read_probe_GB/s" in row else "")
-    print(f"        the library's calls alone: bf16 {lb['median_ms']:8.2f} ms, {q} {lq['median_ms']:8.2f} ms{frac}; "
-          f"one graph call (x + 1) {row['graph_call_ms']['median']:.2f} ms", flush=True)
-    if "ceiling" in s:
-        print(f"        {q}'s conversions against their peak: graph {qr['fraction_of_conversion_peak']:.0%}, library "
-              f"{lq['fraction_of_conversion_peak']:.0%}; at the better of its two ceilings (conversions, bytes at the "
-              f"read probe's or bf16's bandwidth) {q} would be {s['ceiling']:.2f}x bf16's median", flush=True)
+    print(f"N={row['tokens']:4d}  disturbance {row['disturbance']['fraction']:.1%}, slow host "
+          f"{row['disturbance']['slow_calls']:.0%}{flag}; one graph call (x + 1) {row['graph_call_ms']['median']:.2f} ms"
+          + (f"; read probe {row['read_probe_GB/s']:.1f} GB/s" if "read_probe_GB/s" in row else ""), flush=True)
+    for label, b, qr, s in [*((f"graph, {sh} shapes", row[_graph_name("bfloat16", sh)], row[_graph_name(q, sh)],
+                               row[_graph_name(f"{q}/bf16 speedup", sh)]) for sh in row["shapes"]),
+                            ("the library's calls alone", row["bfloat16 library"], row[f"{q} library"], None)]:
+        frac = (f"; read: bf16 {b['fraction_of_read']:.0%}, {q} {qr['fraction_of_read']:.0%}"
+                if "fraction_of_read" in b else "")
+        speedup = (f"  {q} speedup {s['median']:.2f}x (min {s['min']:.2f}x, {_paired(s['paired'])})" if s else
+                   f"  {q} speedup {b['median_ms'] / qr['median_ms']:.2f}x")
+        print(f"        {label:27s} bf16 {b['median_ms']:8.2f} ms (min {b['min_ms']:.2f})  {q} {qr['median_ms']:8.2f} ms "
+              f"(min {qr['min_ms']:.2f}){speedup}{frac}", flush=True)
+        if s and "ceiling" in s:
+            print(f"        {'':27s} {q}'s conversions against their peak {qr['fraction_of_conversion_peak']:.0%}; at the "
+                  f"better of its two ceilings (conversions, bytes at the read probe's or bf16's bandwidth) {q} would "
+                  f"be {s['ceiling']:.2f}x bf16's median", flush=True)
 
 
 def _print_projections(row, q):
@@ -321,6 +342,8 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--quant", choices=QUANT, nargs="+", default=["int8"], help="the int8 formats against bfloat16")
+    p.add_argument("--shapes", choices=SHAPES, nargs="+", default=list(SHAPES),
+                   help="the graphs timed: compiled for any number of tokens (dynamic) and / or per token count (static)")
     add_settle_option(p)
     p.add_argument("--accuracy", action="store_true", help="also the accuracy figures (NumPy, float64)")
     p.add_argument("--json")
@@ -330,7 +353,8 @@ def main(argv=None):
               "rounds": args.rounds, "settle_s": args.settle}
     if args.accuracy:
         result["accuracy"] = accuracy(hidden, inter)
-    result["speed"] = speed(hidden, inter, args.tokens, args.layers, args.rounds, args.settle, args.quant)
+    result["speed"] = speed(hidden, inter, args.tokens, args.layers, args.rounds, args.settle, args.quant,
+                            args.shapes)
     if args.json:
         write_json(args.json, result)
     return 0

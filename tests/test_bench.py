@@ -150,7 +150,7 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
     # a graph line per shape kind at each N, and each projection alone at N=1
     assert r.stdout.count("paired by round") == 2 * 2 + 2 and r.stdout.count("the library's calls alone") == 2
     assert r.stdout.count("graph, dynamic shapes") == r.stdout.count("graph, static shapes") == 2
-    assert r.stdout.count("conversions against their peak") == 2  # N=1, both graphs
+    assert r.stdout.count("conversions against their peak") == 3  # N=1: both graphs and the library's calls
     assert r.stdout.count("alone (library)") == 2  # gate_up and down at N=1
     # per output row only: groups of 128 divide neither H=64 nor I=176
     assert [(a["outliers"], a["scales"]) for a in data["accuracy"]] == [("rows", "per output row"),

@@ -232,23 +232,26 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
         read = big.nbytes / stats["read probe"]["median_s"] / 1e9 if n == 1 else None
         row = {"tokens": n, "shapes": list(shapes), "disturbance": dist,
                "graph_call_ms": {k: stats["graph call"][f"{k}_s"] * 1e3 for k in ("median", "min")}}
-        for key, (name, _) in [*graphs.items(), *((f"{name} library", (name, None)) for name in chains)]:
+        for key, (name, _) in graphs.items():
             row[key] = _entry(stats, key, nbytes[name], read, int8s[name], peak)
-        for q, sh in ((q, sh) for sh in shapes for q in quants):
-            base, other = _graph_name("bfloat16", sh), _graph_name(q, sh)
-            row[_graph_name(f"{q}/bf16 speedup", sh)] = {
-                "median": stats[base]["median_s"] / stats[other]["median_s"],
-                "min": stats[base]["min_s"] / stats[other]["min_s"], "paired": paired(stats, base, other)}
+        for name in chains:
+            row[f"{name} library"] = _entry(stats, f"{name} library", nbytes[name], read, int8s[name], peak)
+        for sh in shapes:
+            base = _graph_name("bfloat16", sh)
+            for q in quants:
+                other = _graph_name(q, sh)
+                s = row[_graph_name(f"{q}/bf16 speedup", sh)] = {
+                    "median": stats[base]["median_s"] / stats[other]["median_s"],
+                    "min": stats[base]["min_s"] / stats[other]["min_s"], "paired": paired(stats, base, other)}
+                if read and peak:
+                    # bfloat16's time over int8's at the better of its two ceilings: its conversions at their peak,
+                    # its bytes at the read probe's bandwidth or bfloat16's own in these rounds, the higher
+                    best_s = max(int8s[q] / peak, nbytes[q] / max(read, row[base]["GB/s"])) / 1e9
+                    s["ceiling"] = stats[base]["median_s"] / best_s
         if read:
             row["read_probe_GB/s"] = read
             if peak:
                 row["int8_conversion_peak"] = {"probe": peak_name, "G weights/s": peak}
-                # bfloat16's time over int8's at the better of its two ceilings: its conversions at their peak, its
-                # bytes at the read probe's bandwidth or bfloat16's own in these rounds, the higher
-                for q, sh in ((q, sh) for sh in shapes for q in quants):
-                    base = _graph_name("bfloat16", sh)
-                    best_s = max(int8s[q] / peak, nbytes[q] / max(read, row[base]["GB/s"])) / 1e9
-                    row[_graph_name(f"{q}/bf16 speedup", sh)]["ceiling"] = stats[base]["median_s"] / best_s
             row["projections"] = {proj: {name: _entry(stats, f"{name} {proj}", p[proj][1], read)
                                          for name, p in projections.items()} for proj in ("gate_up", "down")}
             for proj, entries in row["projections"].items():
@@ -277,10 +280,11 @@ def _print_row(row, q):
                    f"  {q} speedup {b['median_ms'] / qr['median_ms']:.2f}x")
         print(f"        {label:27s} bf16 {b['median_ms']:8.2f} ms (min {b['min_ms']:.2f})  {q} {qr['median_ms']:8.2f} ms "
               f"(min {qr['min_ms']:.2f}){speedup}{frac}", flush=True)
-        if s and "ceiling" in s:
-            print(f"        {'':27s} {q}'s conversions against their peak {qr['fraction_of_conversion_peak']:.0%}; at the "
-                  f"better of its two ceilings (conversions, bytes at the read probe's or bf16's bandwidth) {q} would "
-                  f"be {s['ceiling']:.2f}x bf16's median", flush=True)
+        if "fraction_of_conversion_peak" in qr:
+            ceiling = (f"; at the better of its two ceilings (conversions, bytes at the read probe's or bf16's "
+                       f"bandwidth) {q} would be {s['ceiling']:.2f}x bf16's median" if s else "")
+            print(f"        {'':27s} {q}'s conversions against their peak {qr['fraction_of_conversion_peak']:.0%}"
+                  f"{ceiling}", flush=True)
 
 
 def _print_projections(row, q):

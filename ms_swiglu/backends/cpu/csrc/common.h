@@ -103,9 +103,10 @@ constexpr SkinnyTiles kSkinnyTiles32 = {12, 8, 8, 4, 4};
 // then 0.99x / 1.10x / 1.09x / 1.12x of bfloat16 weights (whose 4-row tiles ran 0.89x / 0.94x with 2 at 6 / 8).
 constexpr SkinnyTiles kSkinnyTiles16 = {6, 4, 4, 4, 2};
 
-// One token x [k] in int16 parts for an integer dot product with int8 weights, exactly (IsaKernels::split_x), plus
-// res_val[i] at element res_idx[i]: on AVX512-VNNI x[j] = (parts[j] * 2^15 + parts[k + j]) * unit; on AVX2
-// x[j] = parts[j] * scale[j / 32] (a power of two per block of 32 elements; parts padded to whole blocks).
+// One token x [k] in int16 parts for an integer dot product with int8 weights (IsaKernels::split_x): on
+// AVX512-VNNI exactly, x[j] = (parts[j] * 2^15 + parts[k + j]) * unit plus res_val[i] at element res_idx[i]; on
+// AVX2 rounded, x[j] ~ parts[j] * scale[j / 32] (a power of two per block of 32 elements; parts padded to whole
+// blocks; isa_linear.inc bounds the rounding).
 struct SplitX {
   std::vector<int16_t> parts;
   double unit = 0.0;
@@ -153,8 +154,8 @@ struct IsaKernels {
   // the same from 2 tokens with group-wise scales [m, groups] (k / groups a power of two, 32 or more)
   void (*skinny_bf16_q8g)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy,
                           const float *scale, int64_t groups);
-  // one token of 16-bit x with int8 weights on an integer dot product (int8_dot: "vpdpwssd" on AVX512-VNNI,
-  // "vpmaddwd" on AVX2; nullptr: none): x split for it (false: the float kernel takes it), then y [m]
+  // one token of 16-bit x with int8 weights on an integer dot product (int8_dot: "vpdpwssd" on AVX512-VNNI, exact;
+  // "vpmaddwd" on AVX2, x rounded; nullptr: none): x split for it (false: the float kernel takes it), then y [m]
   const char *int8_dot;
   bool (*split_x)(const float *x, int64_t k, SplitX &out);
   void (*skinny_q8_parts)(const SplitX &x, int64_t k, const void *w, int64_t m, float *y);

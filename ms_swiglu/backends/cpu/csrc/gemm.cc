@@ -133,8 +133,9 @@ struct Op {
   // one token of 16-bit x with int8 weights: x split in int16 parts for the ISA's integer dot (IsaKernels::split_x:
   // two parts for VPDPWSSD, 3 cold llama-7b layers, bfloat16 x, direct calls interleaved with the float32 FMA
   // kernel, paired by round, 5 runs on an Intel Xeon with AMX: 1.05-1.10x, int8 read at 26-31 GB/s against 22-28,
-  // the read probe 30-34; one part per block of 32 for VPMADDWD on AVX2). Not float32 x: its 24-bit significands
-  // leave residuals wherever |x| < max |x| / 64.
+  // the read probe 30-34; on AVX2 for VPMADDWD one part per block of 32, rounded below 2^-15 of the block's max
+  // |x|). Not float32 x: its 24-bit significands leave residuals wherever |x| < max |x| / 64 on VPDPWSSD, and
+  // would round past float32's own precision on VPMADDWD.
   const SplitX *split = nullptr;
   // the panel path: x transposed, [k][np] (PanelKernels::pack_x)
   const float *xt = nullptr;

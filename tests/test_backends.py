@@ -183,6 +183,49 @@ print("DONE")
 """
 
 
+DECOMPRESSION = r"""
+import numpy as np
+from ms_swiglu.backends.cpu import kernels
+from ms_swiglu.checkpoint import to_bf16_bits
+from ms_swiglu.packing import quantize_int8
+rng = np.random.default_rng(0)
+q, s = quantize_int8(rng.standard_normal((96, 256)).astype(np.float32))
+top = kernels.tuning()["onednn_int8_weights_max_tokens"]
+for dtype in kernels.dtypes():
+    np_dtype = kernels.NP_DTYPES[dtype]
+    for n in (top, top + 1):
+        x = rng.standard_normal((n, 256)).astype(np.float32)
+        x = to_bf16_bits(x) if dtype == "bfloat16" else x.astype(np_dtype)
+        print("CASE", dtype, n, kernels.path(dtype, n, "int8"), flush=True)
+        kernels.run("QLinear", x, q, s, np.zeros((n, 96), np_dtype), dtype=dtype)
+        kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, 48), np_dtype), dtype=dtype)
+"""
+
+
+def test_int8_weights_take_onednn_decompression_up_to_its_tokens_then_widened():
+    """Per-row int8 weights on the oneDNN path: its weight decompression (the weights operand s8) up to
+    onednn_int8_weights_max_tokens where oneDNN has it for x's dtype; one token more, the rows widened to the
+    dtype oneDNN takes (ONEDNN_VERBOSE's exec lines, one per GEMM: QLinear's one, QGateUpSwiglu's gate and up)."""
+    out = subprocess.run([sys.executable, "-c", DECOMPRESSION], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, ONEDNN_VERBOSE="1"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    weights, case = {}, None
+    for line in out.stdout.splitlines():
+        if line.startswith("CASE "):
+            case = tuple(line.split()[1:])
+            weights[case] = []
+        elif line.startswith("onednn_verbose,v1,primitive,exec") and case:
+            weights[case].append(line.split(" wei:")[1].split(":")[0])
+    table, checked = kernels.tuning(), 0
+    for (dtype, n, path), kinds in weights.items():
+        if path != "onednn" or not table["onednn_int8_weights"][dtype]:
+            continue  # (the amx path's range, on a CPU with AMX; or no decompression for this dtype)
+        below = int(n) <= table["onednn_int8_weights_max_tokens"]
+        assert len(kinds) == 3 and (set(kinds) == {"s8"} if below else "s8" not in kinds), (dtype, n, kinds)
+        checked += 1
+    assert checked >= 4, weights  # float32 and float16 x at least, on either side
+
+
 def test_the_kernels_never_run_a_onednn_reference_implementation():
     """oneDNN answers a matmul it has no fast kernel for with "ref:any" (plain loops): on an AVX2-only AMD EPYC,
     float32 x and int8 weights into bfloat16 took 4.3 s for 16 x 4096 x 1024, 1000x its brg_matmul:avx2 into

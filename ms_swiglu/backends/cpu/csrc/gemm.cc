@@ -83,6 +83,12 @@ constexpr int64_t kBlockRows = 1024;
 // interleaved, paired against 1024 rows: 1.17x / 1.10x / 1.08x / 1.00x / 0.97x at 32 / 64 / 128 / 256 / 512 tokens
 // (512 rows: 1.12x at 64, 0.95x at 512).
 constexpr int64_t kWideRows = 256;
+// int8 weights with per-row scales through oneDNN's weight decompression up to this many tokens (Op::decompress);
+// above, widened to float32 a block of kWideRows rows at a time, as 16-bit weights are, on the plain (not swapped)
+// path. 2 cold llama-7b layers, bfloat16 x, AVX2 AMD EPYC, direct calls interleaved, paired against bfloat16
+// weights (bfloat16 against its copy 0.99-1.08x): the decompression / the widened rows 1.13x / 1.12x at 192
+// tokens, 0.95x / 0.99x at 256, 0.97x / 1.00x and 0.96x / 1.01x at 512 (two runs), 1.03x / 1.09x at 1024.
+constexpr int64_t kQ8DecompressMax = 192;
 // Rows of the skinny kernel's output block per thread step (linear, gate_up_swiglu): long enough for its decode
 // read streams (isa_linear.inc) to run through several rows each (64 and 32 ran 1.06-1.1x slower at one token).
 // The blocks are handed out one at a time rather than split in halves, so that a thread that starts late (a worker
@@ -143,8 +149,9 @@ struct Op {
   int a_d() const { return a_dtype(d); }  // x as oneDNN's source operand
   int w_d() const { return w_dtype(d); }  // the weights as oneDNN's operand (int8: widened to it)
   int sx_d() const { return w_d() == d ? d : kF32; }  // x as the swapped path's weights operand
-  int64_t block_rows() const { return !scale && widened(d) ? kWideRows : kBlockRows; }
   bool grouped() const { return scale && groups > 1; }  // int8 weights with group-wise scales
+  bool decompress() const { return scale && !grouped() && n <= kQ8DecompressMax && onednn::takes_q8(a_d()); }
+  int64_t block_rows() const { return widened(d) && !grouped() && !decompress() ? kWideRows : kBlockRows; }
   // the skinny kernel reads x as it is: bfloat16 x on VDPBF16PS (int8 weights widened to bfloat16 in registers,
   // from 2 tokens: at one the float32 FMA kernel ran faster in 8 of 11 interleaved runs, 0.92-1.21x, median 1.04x,
   // llama-7b gate_up + down, AMD EPYC)
@@ -232,9 +239,9 @@ void store_transposed(const Op &op, const float *ct, int64_t cols, void *y, int6
 }
 
 // c = (x w[r0 : r0 + rows]^T) [n, rows] into c (ldc), or swapped, c^T = w[r0 : r0 + rows] x^T [rows, n];
-// float32. int8 weights: not swapped, through oneDNN's weight decompression where it has it (path() keeps them
-// off the swapped path then); else, and 16-bit weights oneDNN has no matmul for, widened (exactly) to the dtype
-// oneDNN takes (Op::w_d), the whole block of rows at once.
+// float32. int8 weights: not swapped, through oneDNN's weight decompression where it has it, to kQ8DecompressMax
+// tokens (Op::decompress; path() keeps them off the swapped path); else, and 16-bit weights oneDNN has no matmul
+// for, widened (exactly) to the dtype oneDNN takes (Op::w_d), the whole block of rows at once.
 bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) {
   const int wd = op.w_d();
   auto gemm = [&](const void *w_rows, int64_t m, float *cm) {
@@ -245,7 +252,7 @@ bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows
   // (group-wise scales through oneDNN's weight decompression with grouped scales, [groups, rows] per block:
   // llama-7b, 3 layers, bfloat16, 0.90x / 0.91x of bfloat16 weights at 128 / 512 tokens paired, against 0.84-0.88x
   // for the block dequantized here first at 128: no gain that the noise shows, not kept)
-  if (op.scale && !op.grouped() && !swap && onednn::takes_q8(op.a_d()))
+  if (op.decompress() && !swap)
     return onednn::gemm_q8(op.a_d(), op.a(), op.n, reinterpret_cast<const int8_t *>(op.row(w, r0)), op.scale + r0,
                            rows, op.k, kF32, c, ldc);
   thread_local std::vector<char> wide;  // grown once per calling thread (no page faults per call)
@@ -370,10 +377,10 @@ Path path(int d, int64_t n, bool expert, bool q8) {
   if (p == kAmx) return d == kBF16 && amx::available() ? kAmx : kSkinny;
   if (p == kPanel) return isa().panel ? kPanel : kSkinny;
   if (p == kSkinny || w_dtype(d) < 0) return kSkinny;
-  // int8 weights: oneDNN's weight decompression, which takes them as the weights operand only, instead of the
-  // int8 rows widened for oneDNN first (llama-7b gate_up, 16 / 128 / 512 tokens, AMD EPYC, 2 threads: float32
-  // 22.3 / 111 / 431 ms against 34.5 / 148 / 568 swapped and widened; bfloat16 1.15x / 1.07x / 1.01x faster
-  // than its bfloat16 weights in bench_quant, against 0.89x / 0.90x / 0.93x widened)
+  // int8 weights: not swapped. oneDNN's weight decompression takes them as the weights operand only (to
+  // kQ8DecompressMax tokens), and beat the int8 rows swapped and widened (llama-7b gate_up, 16 / 128 / 512 tokens,
+  // AMD EPYC, 2 threads: float32 22.3 / 111 / 431 ms against 34.5 / 148 / 568; bfloat16 1.15x / 1.07x / 1.01x
+  // faster than its bfloat16 weights in bench_quant, against 0.89x / 0.90x / 0.93x)
   if (q8 && (p == kOnednn || forced < 0) && onednn::takes_q8(a_dtype(d))) return kOnednn;
   return p;
 }
@@ -418,7 +425,8 @@ std::string tuning_json() {
   for (int d = 0; d < kDtypes; ++d)
     s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " +
          (onednn::takes_q8(a_dtype(d)) ? "true" : "false");
-  s += "}, \"onednn_float32_for\": {";  // 16-bit weights oneDNN takes only widened to float32, by dtype
+  s += "}, \"onednn_int8_weights_max_tokens\": " + std::to_string(kQ8DecompressMax);  // (above: widened)
+  s += ", \"onednn_float32_for\": {";  // 16-bit weights oneDNN takes only widened to float32, by dtype
   for (int d = 0; d < kDtypes; ++d)
     s += std::string(d ? ", " : "") + "\"" + kDtypeNames[d] + "\": " + (widened(d) ? "true" : "false");
   s += std::string("}, \"amx_available\": ") + (amx::available() ? "true" : "false");
@@ -439,7 +447,7 @@ bool linear(const Linear &call, const void *w, int64_t m, void *y) {
   return run(call, w, m, [&](const Op &op) {
     if (op.path == kOnednn && !op.scale && op.w_d() == op.d)
       return onednn::gemm(op.a_d(), op.a(), op.n, op.d, w, m, op.k, op.yd, y, m);
-    if (op.path == kOnednn && op.scale && !op.grouped() && onednn::takes_q8(op.a_d()) &&  // (else in blocks)
+    if (op.path == kOnednn && op.decompress() &&  // (else in blocks)
         onednn::gemm_q8(op.a_d(), op.a(), op.n, static_cast<const int8_t *>(w), op.scale, m, op.k, op.yd, y, m))
       return true;
     if (op.path == kSwapped || op.path == kOnednn) {  // (plain with widened weights: in a float32 block)

@@ -97,17 +97,22 @@ def _check_int8_kernels(dtype, k, m):
         kernels.run("QLinear", x, q, s[:-1], np.zeros((n, m), np_dtype), dtype=dtype)
 
 
+def _block_exponents(x64):
+    """Per element of one token's x: e with max |x| of its block of 32 elements < 2^e (VPMADDWD's int16 parts on
+    AVX2 count in units of 2^(e - 15))."""
+    top = np.abs(np.pad(x64, (0, -x64.size % 32))).reshape(-1, 32).max(axis=1)
+    return np.repeat(np.frexp(top)[1], 32)[: x64.size]
+
+
 def _x_as_read(x64, dot):
     """One token's finite x as the one-token integer dot reads it: VPMADDWD (AVX2) rounds each block of 32 elements
     to int16 parts over the block's power of two (max |x| < 2^e: multiples of 2^(e - 15) to nearest, within
     +-32767 of them; e < -100: 0); VPDPWSSD, the float kernels, and any kernel with non-finite x read it exactly."""
     if dot != "vpmaddwd" or not np.isfinite(x64).all():
         return x64
-    blocks = np.pad(x64, (0, -x64.size % 32)).reshape(-1, 32)
-    e = np.frexp(np.abs(blocks).max(axis=1))[1][:, None]
+    e = _block_exponents(x64)
     unit = np.ldexp(1.0, e - 15)
-    read = np.where(e < -100, 0.0, np.clip(np.rint(blocks / unit), -32767, 32767) * unit)
-    return read.reshape(-1)[: x64.size]
+    return np.where(e < -100, 0.0, np.clip(np.rint(x64 / unit), -32767, 32767) * unit)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -153,8 +158,7 @@ def test_int8_one_token_of_16bit_x_over_long_rows_wide_ranges_and_non_finite_x(d
         y = from_bf16_bits(y) if dtype == "bfloat16" else y
         assert_close(y, read[None], dtype, name)
         if dot == "vpmaddwd" and np.isfinite(z).all():
-            top = np.abs(np.pad(x64[0], (0, -k % 32))).reshape(-1, 32).max(axis=1)
-            bound = np.abs(w64) @ np.repeat(np.ldexp(1.0, np.frexp(top)[1] - 15), 32)[:k]
+            bound = np.abs(w64) @ np.ldexp(1.0, _block_exponents(x64[0]) - 15)
             atol, rtol = TOL[dtype]
             assert (np.abs(y - z) <= atol + rtol * np.abs(z) + bound).all(), (name, np.abs(y - z) - bound)
             if at is not None:  # row 1, the tiny elements' alone, reads 0 where its exact sum is not

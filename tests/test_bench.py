@@ -94,7 +94,8 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads((tmp_path / "q.json").read_text())
-    assert (data["preset"], data["hidden"], data["intermediate"], data["layers"]) == ("tiny", 64, 176, 1)
+    assert (data["preset"], data["hidden"], data["intermediate"], data["layers"], data["repeat"]) == (
+        "tiny", 64, 176, 1, 1)
     assert data["settle_s"] == 0.01
     assert [row["tokens"] for row in data["speed"]] == [1, 4]
     for row in data["speed"]:
@@ -163,8 +164,8 @@ def test_bench_quant_stops_when_the_library_calls_are_not_the_graphs_computation
 
     library = bench_quant._library
 
-    def off_by_one_bit(net):  # the real calls, with one output bit flipped
-        call = library(net)
+    def off_by_one_bit(*args):  # the real calls, with one output bit flipped
+        call = library(*args)
         return lambda x: call(x) ^ 1
 
     monkeypatch.setattr(bench_quant, "_library", off_by_one_bit)
@@ -184,6 +185,28 @@ def test_bench_quant_times_int8_g128_beside_int8():
         s = rows[0][f"{quant}/bf16 speedup"]
         assert s["median"] == pytest.approx(b["median_ms"] / entry["median_ms"])
         assert rows[0][f"{quant} library"]["bytes"] == entry["bytes"]
+
+
+def test_bench_quant_repeats_the_chain_per_graph_call():
+    import mindspore as ms
+    from mindspore import nn
+
+    from ms_swiglu.tools import bench_quant
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    mlps = bench_quant._chain(64, 176, 2, "int8")
+    x = ms.Tensor(np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)).astype(ms.bfloat16)
+    once = nn.SequentialCell(mlps)
+    expected = once(once(once(x)))  # the 2 layers, 3 times over
+    assert np.array_equal(bench_quant._graph(mlps, "static", 3)(x).asnumpy(), expected.asnumpy())
+    # per call: 3 x 2 layers of int8 weights [2I, H] and [H, I] with a float32 scale per row; the library's calls
+    # repeat as the graph does (speed() stops where the two outputs differ by a bit)
+    rows = bench_quant.speed(64, 176, [2], 2, 1, settle=0, shapes=("static",), repeat=3)
+    row = rows[0]
+    assert row["int8 static"]["bytes"] == row["int8 library"]["bytes"] == 3 * 2 * (3 * 176 * 64 + 4 * (2 * 176 + 64))
+    for key in ("bfloat16 static", "int8 static"):
+        library = row[key.replace("static", "library")]
+        assert row[key]["over_library_ms"] == pytest.approx(row[key]["median_ms"] - library["median_ms"])
 
 
 def test_bench_quant_accuracy_compares_groups_of_128_where_they_divide():

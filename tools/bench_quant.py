@@ -1,8 +1,8 @@
 """Weight-only int8 against bfloat16 on the cpu backend: speed (interleaved, one process) and accuracy.
 
-    python -m ms_swiglu.tools.bench_quant [--preset llama-7b] [--tokens 1 16 128 512] [--layers 3] [--rounds 7]
-                                          [--quant int8 [int8-g128]] [--shapes dynamic static] [--settle S]
-                                          [--accuracy] [--json FILE]
+    python -m ms_swiglu.tools.bench_quant [--preset llama-7b] [--tokens 1 16 128 512] [--layers 3] [--repeat 1]
+                                          [--rounds 7] [--quant int8 [int8-g128]] [--shapes dynamic static]
+                                          [--settle S] [--accuracy] [--json FILE]
 
 Speed: per token count, a chain of ``--layers`` packed MLPs with distinct weights (larger than the L3 together:
 every layer's weights come from memory, as in a model), bfloat16 weights against their int8 quantization
@@ -23,24 +23,28 @@ given beside the measured one (the conversions at that peak; the bytes at the re
 bfloat16's own in the same rounds, the higher: the bfloat16 kernel reads faster than the probe on some hosts). On
 the AMD EPYC AVX2 host the widening's conversion issues once per cycle per core, 52 G weights/s on both cores
 (405 M weights of 3 llama-7b layers: 7.8 ms, against 16-21 ms for bfloat16's 811 MB there); VPMADDWD, one
-conversion per 32 weights, takes gate_up.
+conversion per 32 weights, takes both projections (x rounded to one int16 part per block of 32).
 
 At N=1 the same rounds also time each projection alone through the library (``projections``: the layers'
-gate_up on the input, then their down_proj on the SwiGLU output the first layer gives), since they take different
-one-token int8 kernels where the integer dot needs x's range to fit (VPMADDWD: the elements of each block of 32
-within 8 binades of its max, bar k / 32; the SwiGLU output down_proj reads on the AMD EPYC AVX2 host does not fit,
-and takes the widening kernel).
+gate_up on the input, then their down_proj on the SwiGLU output the first layer gives), since their x differ:
+down_proj's, sparse and wide-ranged, kept it on the widening kernel until VPMADDWD rounded x to its blocks.
 
 The same rounds also time each chain as direct calls of the cpu backend's C++ ops on the same weights (``the
 library's calls alone``: the kernels the graph launches, checked to give the graph's output bit for bit, without
-MindSpore's runtime between them) and MindSpore's cost of one graph call (``x + 1`` on one element), so that a
-fraction of the read bandwidth below the kernels' own shows what the runtime adds: on the AMD EPYC host, 3 int8
-layers at one token read at 94-97% of the probe through the library and 82-83% through the graph after the pause
-(0.23 ms per graph call back to back, ~1 ms after 0.2 s). Where the rest goes (a sched_switch trace by perf over 2 s of
-back-to-back calls of that int8 chain, same host): the kernels' second thread ran 78-84% of the time through the
-graph, 94% through the library; it waits while MindSpore launches the next op on the calling thread, a median
-0.15 ms between ops with static shapes and 0.28 ms with dynamic ones (whose InferShape dlopens the library at each
-launch), and 1.2-1.5 ms between calls.
+MindSpore's runtime between them) and MindSpore's cost of one graph call (``x + 1`` on one element); each graph's
+median over the library's is given as the graph's own time per call. Where it goes (AMD EPYC host, ``perf sched``
+over 1 s of back-to-back calls of 3 int8 llama-7b layers at one token, 12-13 ms a call): the kernels' second thread
+sleeps 0.03-0.06 ms between the 6 ops of a call, static or dynamic shapes, and 0.8-1.0 ms between calls, while the
+calling thread runs MindSpore's work per call (``Cell.__call__``, which walks the graph's 19 Cells, the launch, the
+output). Per op it is small: back to back, graphs of 3 and 12 tiny int8 MLPs cost 0.43 / 0.75 ms a call with
+static shapes and 0.60 / 1.20 ms with dynamic ones, 0.018 / 0.033 ms per op. Per call it runs slower after the call
+has streamed its weights through the caches: the 3 tiny MLPs 0.46 ms a call back to back and 0.72 ms with 128 MB
+read between calls, ``x + 1`` 0.33 / 0.52 ms. A decoder pays that once per token for all its layers. ``--repeat R``
+applies the chain R times per graph call (R x ``--layers`` MLPs per call, as a deeper model; each MLP still reads
+its weights from memory, the chain's other layers' being larger than the L3), the library's calls likewise: 3 int8
+llama-7b layers x 4 at one token (three runs, all flagged for the host's slow phases), int8 / bfloat16 paired
+1.81-1.93x through either graph and int8 reading 98-106% of the probe, where 3 MLPs per call gave 1.66-1.81x and
+88-97% in the runs between them (the library 1.87-1.90x and 1.62-1.92x).
 
 Accuracy (``--accuracy``, NumPy, float64): the MLP at the preset's shape with random weights (std 0.02) with
 outlier rows (1% of rows x20) or outlier input columns (1% of columns x20), int8 per output row (the package's
@@ -78,14 +82,14 @@ def _chain(hidden, inter, layers, quant):
     return mlps
 
 
-def _graph(mlps, shapes):
-    """The MLPs as one graph: with ``shapes`` "dynamic" compiled once for any number of tokens (as ``ms-swiglu
-    run`` compiles), with "static" once per token count (the ops' shapes known at compile time). The two graphs
-    of a chain share its MLP Cells, so their parameters too."""
+def _graph(mlps, shapes, repeat=1):
+    """The MLPs, ``repeat`` times over, as one graph: with ``shapes`` "dynamic" compiled once for any number of
+    tokens (as ``ms-swiglu run`` compiles), with "static" once per token count (the ops' shapes known at compile
+    time). The two graphs of a chain share its MLP Cells, so their parameters too."""
     import mindspore as ms  # noqa: PLC0415
     from mindspore import nn  # noqa: PLC0415
 
-    net = nn.SequentialCell(mlps)
+    net = nn.SequentialCell(mlps * repeat)
     if shapes == "dynamic":
         net.set_inputs(ms.Tensor(shape=[None, mlps[0].hidden_size], dtype=ms.bfloat16))
     return net
@@ -122,13 +126,13 @@ def _host_layers(mlps):
     return layers
 
 
-def _library(mlps):
-    """The chain's MLPs as direct calls of the cpu backend's C++ ops (``[Q]GateUpSwiglu`` + ``[Q]Linear``, the
-    ones its graph launches) on host copies of the same weights, made once, no MindSpore in between: ``call(x)``
-    with x bfloat16 bits [n, H] returns the last layer's output, bfloat16 bits [n, H]."""
+def _library(mlps, repeat=1):
+    """The chain's MLPs, ``repeat`` times over, as direct calls of the cpu backend's C++ ops (``[Q]GateUpSwiglu``
+    + ``[Q]Linear``, the ones its graph launches) on host copies of the same weights, made once, no MindSpore in
+    between: ``call(x)`` with x bfloat16 bits [n, H] returns the last layer's output, bfloat16 bits [n, H]."""
     from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
 
-    layers = _host_layers(mlps)
+    layers = _host_layers(mlps) * repeat
     buffers = {}  # the outputs for the current token count: [n, I] and one [n, H] per layer
 
     def call(x):
@@ -186,8 +190,7 @@ def conversion_peak():
     """``(name, G weights/s)``: the machine's peak for one token against int8 weights in L1, by the instructions
     the cpu backend's kernel uses on this CPU at one token with 16-bit x (tools/probes.py: ``peaks``): its integer
     dot kernel's (the tuning table's ``int8_one_token_dot``: VPDPWSSD, VPMADDWD) where it has one, else the
-    widening to float32's; None where neither runs. (x with too wide a range for the integer kernel, such as the
-    SwiGLU output down_proj reads on AVX2, takes the widening kernel: below this peak.)"""
+    widening to float32's; None where neither runs. (Non-finite x takes the widening kernel: below this peak.)"""
     from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
 
     name = f"int8_{kernels.tuning()['int8_one_token_dot'] or 'widen'}"
@@ -195,7 +198,7 @@ def conversion_peak():
     return name, gflops / 2 if gflops else None
 
 
-def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8",), shapes=SHAPES):
+def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8",), shapes=SHAPES, repeat=1):
     import mindspore as ms  # noqa: PLC0415
 
     ms.set_device("CPU")
@@ -206,12 +209,12 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
         print(f"int8 weights at one token, from L1 ({peak_name}): {peak:.1f} G weights/s")
     chains = {"bfloat16": _chain(hidden, inter, layers, None)}
     chains.update({q: _chain(hidden, inter, layers, q) for q in quants})
-    graphs = {_graph_name(name, sh): (name, _graph(mlps, sh)) for sh in shapes for name, mlps in chains.items()}
-    nbytes = {name: _bytes(mlps) for name, mlps in chains.items()}
-    int8s = {name: _int8_weights(mlps) for name, mlps in chains.items()}
+    graphs = {_graph_name(name, sh): (name, _graph(mlps, sh, repeat)) for sh in shapes for name, mlps in chains.items()}
+    nbytes = {name: _bytes(mlps) * repeat for name, mlps in chains.items()}  # per call
+    int8s = {name: _int8_weights(mlps) * repeat for name, mlps in chains.items()}
     big = np.ones(READ_PROBE_FLOATS, np.float32)
     rows, host, graph_call_probe = [], HostSpeed(host_probes()), graph_call()
-    library = {f"{name} library": _library(mlps) for name, mlps in chains.items()}
+    library = {f"{name} library": _library(mlps, repeat) for name, mlps in chains.items()}
     for n in tokens:
         x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
         x, bits = ms.Tensor(x32).astype(ms.bfloat16), to_bf16_bits(x32)
@@ -234,6 +237,8 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
                "graph_call_ms": {k: stats["graph call"][f"{k}_s"] * 1e3 for k in ("median", "min")}}
         for key, (name, _) in graphs.items():
             row[key] = _entry(stats, key, nbytes[name], read, int8s[name], peak)
+            # the graph's own time per call: its median over the library's calls of the same ops
+            row[key]["over_library_ms"] = (stats[key]["median_s"] - stats[f"{name} library"]["median_s"]) * 1e3
         for name in chains:
             row[f"{name} library"] = _entry(stats, f"{name} library", nbytes[name], read, int8s[name], peak)
         for sh in shapes:
@@ -280,6 +285,9 @@ def _print_row(row, q):
                    f"  {q} speedup {b['median_ms'] / qr['median_ms']:.2f}x")
         print(f"        {label:27s} bf16 {b['median_ms']:8.2f} ms (min {b['min_ms']:.2f})  {q} {qr['median_ms']:8.2f} ms "
               f"(min {qr['min_ms']:.2f}){speedup}{frac}", flush=True)
+        if "over_library_ms" in qr:
+            print(f"        {'':27s} the graph's own time per call (median over the library's calls): bf16 "
+                  f"{b['over_library_ms']:.2f} ms, {q} {qr['over_library_ms']:.2f} ms", flush=True)
         if "fraction_of_conversion_peak" in qr:
             ceiling = (f"; at the better of its two ceilings (conversions, bytes at the read probe's or bf16's "
                        f"bandwidth) {q} would be {s['ceiling']:.2f}x bf16's median" if s else "")
@@ -339,11 +347,21 @@ def accuracy(hidden, inter, tokens=16, seed=0):
     return out
 
 
+def _positive(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="bench_quant", description=__doc__.splitlines()[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="llama-7b")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128, 512])
     p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--repeat", type=_positive, default=1,
+                   help="apply the chain this many times per graph call (layers x repeat MLPs per call, as a deeper "
+                        "model; each still reads its weights from memory where the chain's others exceed the L3)")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--quant", choices=QUANT, nargs="+", default=["int8"], help="the int8 formats against bfloat16")
     p.add_argument("--shapes", choices=SHAPES, nargs="+", default=list(SHAPES),
@@ -354,11 +372,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     hidden, inter = preset_shape(args.preset)
     result = {"preset": args.preset, "hidden": hidden, "intermediate": inter, "layers": args.layers,
-              "rounds": args.rounds, "settle_s": args.settle}
+              "repeat": args.repeat, "rounds": args.rounds, "settle_s": args.settle}
     if args.accuracy:
         result["accuracy"] = accuracy(hidden, inter)
     result["speed"] = speed(hidden, inter, args.tokens, args.layers, args.rounds, args.settle, args.quant,
-                            args.shapes)
+                            args.shapes, args.repeat)
     if args.json:
         write_json(args.json, result)
     return 0

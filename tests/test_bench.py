@@ -133,6 +133,9 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
                 assert p["int8"]["fraction_of_read"] == pytest.approx(p["int8"]["GB/s"] / row["read_probe_GB/s"])
         else:
             assert "int8_conversion_peak" not in row and "ceiling" not in s and "projections" not in row
+            # above one token int8 weights take a float32 GEMM: its FMAs' peak beside an int16 GEMM's multiplies
+            assert row["multiply_peaks"]["fma_float32"] > 0 and row["multiply_peaks"]["int16_gemm_vpmaddwd"] > 0
+        assert ("multiply_peaks" in row) == (row["tokens"] > 1)
         # the same MLP Cells as a graph compiled for this token count: the same bytes, its own times and speed-up
         assert row["shapes"] == ["dynamic", "static"]
         bs, qs, ss = row["bfloat16 static"], row["int8 static"], row["int8/bf16 speedup static"]
@@ -405,6 +408,7 @@ assert (measured["avx512_bfloat16"] is not None) == ("avx512_bf16" in flags)
 assert (measured["int8_vpdpwssd"] is not None) == ("avx512_vnni" in flags)
 assert (measured["int8_widen"] is not None) == ("avx2" in flags or "avx512bw" in flags)
 assert (measured["int8_vpmaddwd"] is not None) == ("avx2" in flags)
+assert (measured["int16_gemm_vpmaddwd"] is not None) == ("avx2" in flags)
 # one FMA lane per int8 weight, counted as 2 FLOP: the loop can not beat the FMAs alone (slack for 1 ms timings)
 assert measured["int8_widen"] is None or measured["int8_widen"] <= 1.5 * measured["fma_float32"]
 # a joined thread's task stays listed for a moment after the join returns (the kernel wakes the joining thread

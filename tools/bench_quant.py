@@ -25,6 +25,13 @@ the AMD EPYC AVX2 host the widening's conversion issues once per cycle per core,
 (405 M weights of 3 llama-7b layers: 7.8 ms, against 16-21 ms for bfloat16's 811 MB there); VPMADDWD, one
 conversion per 32 weights, takes both projections (x rounded to one int16 part per block of 32).
 
+Above one token int8 weights are multiplied in float32 as bfloat16 ones are (the panel kernel's rows widened in L1
+up to 128 tokens, then oneDNN), bound by the multiplies, not the bytes, from 16 tokens; an integer-dot GEMM could
+only win by multiplying faster. The run gives the float32 FMA peak beside the multiplies of an int16 GEMM on
+VPMADDWD (``multiply_peaks``, tools/probes.py: ``peaks``): on the AMD EPYC AVX2 host 187-196 GOP/s against 197-203
+GFLOP/s on both cores (0.93-0.98x in six runs; 0.95-0.96x on one), VPMADDWD issuing about once per cycle and the
+FMAs twice, so an integer-dot GEMM would not multiply faster there, and int8 runs level with bfloat16.
+
 At N=1 the same rounds also time each projection alone through the library (``projections``: the layers'
 gate_up on the input, then their down_proj on the SwiGLU output the first layer gives), since their x differ:
 down_proj's, sparse and wide-ranged, kept it on the widening kernel until VPMADDWD rounded x to its blocks.
@@ -186,15 +193,16 @@ def _entry(stats, name, nbytes, read=None, int8_weights=0, peak=None):
     return entry
 
 
-def conversion_peak():
+def conversion_peak(machine_peaks):
     """``(name, G weights/s)``: the machine's peak for one token against int8 weights in L1, by the instructions
-    the cpu backend's kernel uses on this CPU at one token with 16-bit x (tools/probes.py: ``peaks``): its integer
-    dot kernel's (the tuning table's ``int8_one_token_dot``: VPDPWSSD, VPMADDWD) where it has one, else the
-    widening to float32's; None where neither runs. (Non-finite x takes the widening kernel: below this peak.)"""
+    the cpu backend's kernel uses on this CPU at one token with 16-bit x (``machine_peaks``, tools/probes.py:
+    ``peaks``): its integer dot kernel's (the tuning table's ``int8_one_token_dot``: VPDPWSSD, VPMADDWD) where it
+    has one, else the widening to float32's; None where neither runs. (Non-finite x takes the widening kernel: below
+    this peak.)"""
     from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
 
     name = f"int8_{kernels.tuning()['int8_one_token_dot'] or 'widen'}"
-    gflops = peaks()[name]
+    gflops = machine_peaks[name]
     return name, gflops / 2 if gflops else None
 
 
@@ -204,9 +212,16 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     print(machine_line())
-    peak_name, peak = conversion_peak() if 1 in tokens else (None, None)
+    machine_peaks = peaks()
+    peak_name, peak = conversion_peak(machine_peaks) if 1 in tokens else (None, None)
     if peak:
         print(f"int8 weights at one token, from L1 ({peak_name}): {peak:.1f} G weights/s")
+    # above one token int8 weights take the float32 GEMM 16-bit ones take: its FMAs against an int16 GEMM's multiplies
+    multiply = {k: machine_peaks[k] for k in ("fma_float32", "int16_gemm_vpmaddwd")}
+    if any(n > 1 for n in tokens) and all(multiply.values()):
+        print(f"above one token: float32 FMA {multiply['fma_float32']:.0f} GFLOP/s; an int16 GEMM's multiplies on "
+              f"VPMADDWD {multiply['int16_gemm_vpmaddwd']:.0f} GOP/s "
+              f"({multiply['int16_gemm_vpmaddwd'] / multiply['fma_float32']:.2f}x)", flush=True)
     chains = {"bfloat16": _chain(hidden, inter, layers, None)}
     chains.update({q: _chain(hidden, inter, layers, q) for q in quants})
     graphs = {_graph_name(name, sh): (name, _graph(mlps, sh, repeat)) for sh in shapes for name, mlps in chains.items()}
@@ -235,6 +250,8 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
         read = big.nbytes / stats["read probe"]["median_s"] / 1e9 if n == 1 else None
         row = {"tokens": n, "shapes": list(shapes), "disturbance": dist,
                "graph_call_ms": {k: stats["graph call"][f"{k}_s"] * 1e3 for k in ("median", "min")}}
+        if n > 1 and all(multiply.values()):
+            row["multiply_peaks"] = multiply
         for key, (name, _) in graphs.items():
             row[key] = _entry(stats, key, nbytes[name], read, int8s[name], peak)
             # the graph's own time per call: its median over the library's calls of the same ops

@@ -19,7 +19,7 @@ def _lib():
     lib.probe_read.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64]
     lib.probe_add.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     for name in ("probe_fma_peak", "probe_dpbf16_peak", "probe_amx_peak", "probe_widen_peak", "probe_vnni_peak",
-                 "probe_madd_peak"):
+                 "probe_madd_peak", "probe_madd_gemm_peak"):
         getattr(lib, name).restype = ctypes.c_double
         getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_int64]
     return lib
@@ -42,11 +42,14 @@ def add(a, b, out):
 def peaks(threads=None, seconds=0.2):
     """The machine's compute peaks in GFLOP/s, from in-register loops on ``threads`` threads (default: every CPU
     this process may use), the best of three calls of about ``seconds`` each: ``{"fma_float32": ...,
-    "avx512_bfloat16": ..., "amx_bfloat16": ..., "int8_widen": ..., "int8_vpdpwssd": ..., "int8_vpmaddwd": ...}``
+    "avx512_bfloat16": ..., "amx_bfloat16": ..., "int8_widen": ..., "int8_vpdpwssd": ..., "int8_vpmaddwd": ...,
+    "int16_gemm_vpmaddwd": ...}``
     (None where the CPU lacks the instructions: VDPBF16PS, AMX, AVX512-VNNI, AVX2; the FMAs are AVX-512's, else
     AVX2's). The int8 ones are one token against int8 weights read from L1, 2 FLOP per weight, as the package's
     kernels take them: widened to float32 (sign-extend, convert, FMA), on VPDPWSSD against x's two int16 parts, or
-    on VPMADDWD against x's int16 part per block of 32 (one conversion per 32 weights)."""
+    on VPMADDWD against x's int16 part per block of 32 (one conversion per 32 weights). ``int16_gemm_vpmaddwd``:
+    the multiplies an int16 GEMM would issue on AVX2 (VPMADDWD + VPADDD, operands in registers; 2 OP each), the
+    ceiling of an integer-dot GEMM for int8 weights against ``fma_float32``'s."""
     threads = threads or len(os.sched_getaffinity(0))
     fma_lanes = 16 if "avx512f" in machine()["flags"] else 8
     out = {}
@@ -55,7 +58,8 @@ def peaks(threads=None, seconds=0.2):
                                          ("amx_bfloat16", _lib().probe_amx_peak, 6 * 16 * 16 * 32 * 2),
                                          ("int8_widen", _lib().probe_widen_peak, 12 * fma_lanes * 2),
                                          ("int8_vpdpwssd", _lib().probe_vnni_peak, 6 * 32 * 2),
-                                         ("int8_vpmaddwd", _lib().probe_madd_peak, 6 * 32 * 2)):
+                                         ("int8_vpmaddwd", _lib().probe_madd_peak, 6 * 32 * 2),
+                                         ("int16_gemm_vpmaddwd", _lib().probe_madd_gemm_peak, 12 * 16 * 2)):
         iterations, rate = 1000, fn(threads, 1000)  # warm up (and the AMX permission)
         while 0 < rate and iterations * flops_per_iteration * threads < seconds * rate / 16:
             iterations *= 4  # until a call takes seconds / 16: its rate then sizes the timed calls

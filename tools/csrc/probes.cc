@@ -205,6 +205,22 @@ __attribute__((target("avx2,fma"))) float madd_loop(int64_t iterations) {
   return sum_lanes(acc, 6);
 }
 
+// One thread's VPMADDWD as an int16 GEMM's inner loop issues it (int8 weights widened to int16 once per panel, x's
+// int16 pairs broadcast; AVX2 has no VPDPWSSD, so a VPADDD adds each product pair's sums to its accumulator):
+// 12 accumulators, operands in registers, 16 multiplies per VPMADDWD.
+__attribute__((target("avx2"))) float madd_gemm_loop(int64_t iterations) {
+  __m256i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi32(i);
+  __m256i w0 = _mm256_set1_epi16(3), w1 = _mm256_set1_epi16(-5), x = _mm256_set1_epi16(7);
+  for (int64_t it = 0; it < iterations; ++it) {
+    __asm__("" : "+x"(w0), "+x"(w1), "+x"(x));  // (not loop invariants: the products are issued every time)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(i % 2 ? w1 : w0, x));
+  }
+  int64_t sink = 0;
+  for (int i = 0; i < 12; ++i) sink += _mm256_extract_epi32(acc[i], 0);
+  return float(sink);
+}
+
 // One thread's TDPBF16PS: 6 accumulating tiles (16x16 float32 each) fed by 16x32 bfloat16 A and B tiles already
 // in registers; false where the kernel does not give AMX to this thread.
 __attribute__((target("amx-tile,amx-bf16"))) bool amx_loop(int64_t iterations) {
@@ -313,6 +329,14 @@ double probe_vnni_peak(int threads, int64_t iterations) {
 double probe_madd_peak(int threads, int64_t iterations) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return -1.0;
   return loop_rate(threads, iterations, madd_loop, 6 * 32 * 2);
+}
+
+// An int16 GEMM's multiplies on AVX2's VPMADDWD (madd_gemm_loop), in OP/s (2 per multiply) on `threads` threads;
+// -1 where the CPU lacks AVX2. Against probe_fma_peak's float32 FLOP/s: whether integer dots could multiply faster
+// than the float32 GEMM that int8 weights take above the skinny kernel.
+double probe_madd_gemm_peak(int threads, int64_t iterations) {
+  if (!__builtin_cpu_supports("avx2")) return -1.0;
+  return loop_rate(threads, iterations, madd_gemm_loop, 12 * 16 * 2);
 }
 
 void probe_add(const float *a, const float *b, float *c, int64_t n) {

@@ -73,8 +73,8 @@ def cmd_run(args):
         raise UsageError(f"--master-port: expected a port in 1..65535, got {args.master_port}")
     config = read_config(args.checkpoint)
     config.check_layer(args.layer)
-    converted = ConvertedFile(args.checkpoint, args.tp_size) if is_converted(args.checkpoint) else None
-    if converted is not None:  # the file of the same --tp-size, holding the layer
+    converted = ConvertedFile.whole_set(args.checkpoint, args.tp_size) if is_converted(args.checkpoint) else None
+    if converted is not None:  # every rank's file of one conversion with this --tp-size, holding the layer
         converted.check_layer(args.layer)
     _check_quantize(config, converted, args.tp_size, [args.layer], args.quantize)
     x = read_input(args.input, config.hidden_size) if args.input else None

@@ -78,7 +78,7 @@ def test_convert_tp2_writes_rank_files(ckpts, tmp_path):
     r = cli("convert", "--checkpoint", folder, "--output", tmp_path / "packed.safetensors", "--layers", "1-2",
             "--tp-size", 2)
     assert r.returncode == 0, r.stderr
-    assert "2/2 layers" in r.stderr
+    assert "layers" not in r.stderr  # no progress bar where stderr is a pipe (test_reliability: on a terminal)
     blk = I // 2
     for rank in range(2):
         tensors, dtype = read_safetensors(str(tmp_path / f"packed-tp{rank}-of-2.safetensors"))

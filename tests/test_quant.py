@@ -328,6 +328,8 @@ def test_convert_quantize_then_run_the_file(ckpt, tmp_path):
     # bad input: a quantized file with a mismatched --tp-size, a layer it does not hold
     r = cli("run", "--checkpoint", tmp_path / "t.safetensors", "--layer", 1)
     assert r.returncode == 2 and "found only the rank files" in r.stderr
+    r = cli("export", "--checkpoint", tmp_path / "t.safetensors", "--layer", 1, "--output-dir", tmp_path / "ex")
+    assert r.returncode == 2 and "export takes a conversion without --tp-size" in r.stderr  # (it has no --tp-size)
     r = cli("run", "--checkpoint", tmp_path / "t-tp0-of-2.safetensors", "--layer", 1)
     assert r.returncode == 2 and "expected a conversion with --tp-size 1, got one with --tp-size 2" in r.stderr
     r = cli("run", "--checkpoint", tmp_path / "t.safetensors", "--layer", 0, "--tp-size", 2)
@@ -392,6 +394,57 @@ def test_converted_files_whose_tensors_or_metadata_are_wrong_are_refused(ckpt, t
     r = cli("run", "--checkpoint", folder, "--layer", 0, "--tp-size", 2, "--quantize", "int8-g128", "--tokens", 2)
     assert r.returncode == 2 and ("quant int8-g128: expected hidden_size and every intermediate size / tp_size "
                                   "multiples of 128, got hidden_size 64, intermediate size / 2: 48") in r.stderr
+
+
+def test_a_huggingface_checkpoint_with_int8_weights_is_refused(tmp_path):
+    """Int8 tensors in a HuggingFace folder are another tool's quantization, whose scales the package does not read:
+    convert, run and export refuse them (they were read as the weights themselves: every scale 1 after convert
+    --quantize, outputs near 1e8 with exit 0 from run --dtype float32 and from export, with its golden files)."""
+    from safetensors.numpy import load_file, save_file  # noqa: PLC0415
+
+    hfq = tmp_path / "hfq"
+    make_checkpoint(hfq, hidden=H, inter=I, layers=2, dtype="float32", seed=3)
+    tensors = load_file(str(hfq / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith("_proj.weight")]:
+        tensors[name], tensors[name + "_scale"] = quantize_int8(tensors[name])
+    save_file(tensors, str(hfq / "model.safetensors"))
+    expected = ("model.layers.0.mlp.gate_proj.weight: expected float weights (F32, F16 or BF16) in a HuggingFace "
+                "checkpoint, got I8")
+    for args, output in ((("convert", "--output", tmp_path / "c.safetensors", "--quantize", "int8"), "c.safetensors"),
+                         (("convert", "--output", tmp_path / "d.safetensors"), "d.safetensors"),
+                         (("run", "--layer", 0, "--dtype", "float32", "--output", tmp_path / "y.npy"), "y.npy"),
+                         (("export", "--layer", 0, "--quantize", "int8", "--dtype", "bfloat16", "--output-dir",
+                           tmp_path / "ex"), "ex")):
+        r = cli(args[0], "--checkpoint", hfq, *args[1:])
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args[0], r.returncode, r.stderr)
+        assert expected in r.stderr, r.stderr
+        assert not (tmp_path / output).exists()
+
+
+def test_run_checks_every_rank_file_before_the_ranks_start(ckpt, tmp_path):
+    """run --tp-size K on converted files reads every rank's metadata first: a missing rank file, one of another
+    conversion (its set), or one renamed into another rank's place is bad input (exit 2, one line), not a worker's
+    failure (exit 1) or a run on mixed weights (exit 0, relative error 1.06)."""
+    import shutil  # noqa: PLC0415
+
+    folder, _ = ckpt
+    for name in ("a", "b"):
+        r = cli("convert", "--checkpoint", folder, "--output", tmp_path / f"{name}.safetensors", "--quantize", "int8",
+                "--tp-size", 2)
+        assert r.returncode == 0, r.stderr
+
+    def run(name):
+        r = cli("run", "--checkpoint", tmp_path / f"{name}.safetensors", "--layer", 0, "--tp-size", 2, "--tokens", 2)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (name, r.returncode, r.stderr)
+        return r.stderr
+
+    shutil.copy(tmp_path / "a-tp0-of-2.safetensors", tmp_path / "m-tp0-of-2.safetensors")
+    assert f"expected a converted file {tmp_path / 'm-tp1-of-2.safetensors'}, found none" in run("m")
+    shutil.copy(tmp_path / "b-tp1-of-2.safetensors", tmp_path / "m-tp1-of-2.safetensors")  # another conversion
+    err = run("m")
+    assert "m-tp1-of-2.safetensors: expected a file of the conversion that wrote" in err and "got one of set" in err
+    shutil.copy(tmp_path / "a-tp0-of-2.safetensors", tmp_path / "m-tp1-of-2.safetensors")  # rank 0's, renamed
+    assert "m-tp1-of-2.safetensors: expected rank 1's file, got rank 0's" in run("m")
 
 
 def test_export_int8_ascend_holds_weight_quant_matmul(ckpt, tmp_path):
@@ -657,7 +710,8 @@ def test_int8_g128_moe_cpu_and_composite_against_numpy():
     ref = ref_block(x64, p)[0]
     for backend, y in results.items():
         assert_close(y, ref, "float32", f"deepseek_v3 int8-g128 {backend}")
-    with pytest.raises(ValueError, match="GroupedMatmulV4 documents per-group antiquant for int4 weights only"):
+    with pytest.raises(ValueError, match="expected quant int8 .per-channel scales., got int8-g128; GroupedMatmulV4 "
+                                         "documents per-group antiquant for int4 weights only"):
         PackedMoE(HG, 128, 8, 2, dtype=ms.bfloat16, backend="ascend", quant="int8-g128")
 
 

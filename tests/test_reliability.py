@@ -1,6 +1,7 @@
 """The CLI's promise under hostile input, crashes and races: bad input exits 2 with one line; a bug exits 1 naming
 its traceback; outputs appear whole or not at all; nothing existing is replaced without --force; no subprocess
 imports from the working directory; nothing is left behind but what a failure needs for diagnosis."""
+import contextlib
 import json
 import os
 import re
@@ -333,11 +334,26 @@ def test_an_error_after_the_progress_bar_starts_on_its_own_line(ckpt, tmp_path):
     tensors = load_file(str(broken / "model.safetensors"))
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, str(broken / "model.safetensors"))
-    r = cli("convert", "--checkpoint", broken, "--output", tmp_path / "o.safetensors")
-    assert r.returncode == 2
-    last = r.stderr.splitlines()[-1]
-    assert last.startswith("ms-swiglu: error: ") and "expected tensor model.layers.1.mlp.up_proj.weight" in last
-    assert "1/3 layers" in r.stderr and not (tmp_path / "o.safetensors").exists()
+    # stderr a pipe (a log, CI): no bar, the error is the one line
+    one_line(cli("convert", "--checkpoint", broken, "--output", tmp_path / "o.safetensors"), 2,
+             "ms-swiglu: error: checkpoint: expected tensor model.layers.1.mlp.up_proj.weight")
+    assert not (tmp_path / "o.safetensors").exists()
+    # stderr a terminal: the bar, then the error on a line of its own
+    import pty  # noqa: PLC0415
+
+    leader, follower = pty.openpty()
+    with os.fdopen(leader, "rb", buffering=0) as terminal:
+        proc = subprocess.run([EXE, "convert", "--checkpoint", str(broken), "--output", str(tmp_path / "o.safetensors")],
+                              stdout=subprocess.DEVNULL, stderr=follower, timeout=600)
+        os.close(follower)
+        shown = b""
+        with contextlib.suppress(OSError):  # (EIO once the child's side is closed and read to its end)
+            while chunk := terminal.read(4096):
+                shown += chunk
+    lines = shown.decode().replace("\r\n", "\n").split("\n")
+    assert proc.returncode == 2 and "1/3 layers" in lines[0] and "error" not in lines[0], lines
+    assert lines[1].startswith("ms-swiglu: error: checkpoint: expected tensor model.layers.1.mlp.up_proj.weight")
+    assert not (tmp_path / "o.safetensors").exists()
 
 
 BUG = r"""

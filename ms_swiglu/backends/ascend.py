@@ -111,7 +111,7 @@ class GroupedExperts(nn.Cell):
         super().__init__()
         _check_quant_dtype(dtype, quant)
         if group_size(quant):
-            raise InputError(f"backend ascend, MoE experts, quant {quant}: expected int8 (per-channel scales); "
+            raise InputError(f"backend ascend, MoE experts: expected quant int8 (per-channel scales), got {quant}; "
                              f"GroupedMatmulV4 documents per-group antiquant for int4 weights only")
         self.init_routing, self.gmm, self.unpermute = MoeInitRoutingV2(), GroupedMatmulV4(), MoeTokenUnpermute()
 

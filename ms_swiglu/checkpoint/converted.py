@@ -137,7 +137,8 @@ class ConvertedFile:
             found = sorted(glob.glob(f"{os.path.splitext(path)[0]}-tp*-of-*.safetensors"))
             if found:
                 raise CheckpointError(f"checkpoint: expected {path}, found only the rank files of a tensor-parallel "
-                                      f"conversion ({os.path.basename(found[0])}, ...): run it with their --tp-size")
+                                      f"conversion ({os.path.basename(found[0])}, ...): run takes them with their "
+                                      f"--tp-size; export takes a conversion without --tp-size")
         if not os.path.isfile(self.path):
             raise CheckpointError(f"checkpoint: expected a converted file {self.path}, found none")
         self._folder = SafetensorsFolder(self.path)
@@ -150,6 +151,7 @@ class ConvertedFile:
             first, _, last = meta["layers"].partition("-")
             self.layers = range(int(first), int(last) + 1)
             self.dtype, self.quant = meta["dtype"], meta["quant"] or None
+            self.set_id, stored_rank = meta["set"], int(meta["rank"])
         except (KeyError, ValueError) as exc:  # (json's JSONDecodeError is a ValueError)
             raise CheckpointError(f"{self.path}: expected the metadata ms-swiglu convert writes (tp_size, layers "
                                   f"'A-B', config JSON, dtype, quant), got a missing or malformed entry "
@@ -157,11 +159,25 @@ class ConvertedFile:
         if stored_tp != tp_size:
             raise CheckpointError(f"{self.path}: expected a conversion with --tp-size {tp_size}, got one with "
                                   f"--tp-size {stored_tp}")
+        if stored_rank != rank:
+            raise CheckpointError(f"{self.path}: expected rank {rank}'s file, got rank {stored_rank}'s")
         if not self.layers or (self.quant is not None and self.quant not in QUANT):
             raise CheckpointError(f"{self.path}: expected layers 'A-B' with A <= B and quant one of "
                                   f"{', '.join(QUANT)} or empty, got layers {meta['layers']!r}, "
                                   f"quant {meta['quant']!r}")
         self.config = parse_config(config_json, self.path)
+
+    @classmethod
+    def whole_set(cls, path, tp_size):
+        """Rank 0's file of the conversion to ``path`` with ``tp_size`` ranks, once every rank's file is found, holds
+        its own rank and comes from the same conversion (its ``set``), so that no rank starts on a partial or mixed
+        set."""
+        files = [cls(path, tp_size, rank) for rank in range(tp_size)]
+        for f in files[1:]:
+            if f.set_id != files[0].set_id:
+                raise CheckpointError(f"{f.path}: expected a file of the conversion that wrote {files[0].path} (set "
+                                      f"{files[0].set_id}), got one of set {f.set_id}")
+        return files[0]
 
     @classmethod
     def any_rank(cls, path):

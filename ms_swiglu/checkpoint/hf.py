@@ -223,12 +223,23 @@ def _tp_parts(inter, tp_size, rank):
     return (block, slice(None)), (slice(None), block)
 
 
+def read_float(shards, name, shape, part=None):
+    """A tensor of a HuggingFace checkpoint folder (``shards``: its SafetensorsFolder) and its dtype name: float
+    (F32, F16, BF16) only. Int8 tensors there are another tool's quantization, whose scales this package does not
+    read; ``convert --quantize int8`` quantizes the float checkpoint."""
+    a, dtype = shards.read(name, shape, part)
+    if dtype == "int8":
+        raise CheckpointError(f"{name}: expected float weights (F32, F16 or BF16) in a HuggingFace checkpoint, got "
+                              f"I8 (a pre-quantized checkpoint; convert --quantize int8 quantizes the float one)")
+    return a, dtype
+
+
 def _read_mlp(shards, prefix, names, hidden, inter, tp_size, rank):
     """(gate_up [2I/p, H], down [H, I/p], dtype) of the SwiGLU MLP whose gate/up/down are ``prefix + names[i]``."""
     rows, cols = _tp_parts(inter, tp_size, rank)
-    gate, dtype = shards.read(prefix + names[0], (inter, hidden), rows)
-    up, up_dtype = shards.read(prefix + names[1], (inter, hidden), rows)
-    down, down_dtype = shards.read(prefix + names[2], (hidden, inter), cols)
+    gate, dtype = read_float(shards, prefix + names[0], (inter, hidden), rows)
+    up, up_dtype = read_float(shards, prefix + names[1], (inter, hidden), rows)
+    down, down_dtype = read_float(shards, prefix + names[2], (hidden, inter), cols)
     if not dtype == up_dtype == down_dtype:
         raise CheckpointError(f"{prefix}: expected gate, up and down in one dtype, got {dtype}, {up_dtype}, "
                               f"{down_dtype} ({', '.join(names)})")
@@ -262,7 +273,7 @@ def load_moe_layer(folder, layer, config=None, tp_size=1, rank=0):
     shards, keys, moe, hidden = SafetensorsFolder(folder), config.keys, config.moe, config.hidden_size
     p = keys.prefix(layer)
     check_tp(moe.intermediate_size, tp_size, rank)
-    out = {"router": shards.read(p + "gate.weight", (moe.num_experts, hidden))[0]}
+    out = {"router": read_float(shards, p + "gate.weight", (moe.num_experts, hidden))[0]}
     for e in range(moe.num_experts):  # stacked in the experts' own dtype (not the router's)
         names = [keys.expert.format(e=e, part=part) for part in keys.parts]
         gate_up, down, stored = _read_mlp(shards, p, names, hidden, moe.intermediate_size, tp_size, rank)
@@ -275,11 +286,11 @@ def load_moe_layer(folder, layer, config=None, tp_size=1, rank=0):
                                   f"and {stored} for expert {e} ({p + names[0]})")
         out["gate_up"][e], out["down"][e] = gate_up, down
     if keys.bias:
-        out["bias"] = shards.read(p + keys.bias, (moe.num_experts,))[0]
+        out["bias"] = read_float(shards, p + keys.bias, (moe.num_experts,))[0]
     if moe.shared_intermediate_size:
         names = [f"{keys.shared}{part}_proj.weight" for part in ("gate", "up", "down")]
         out["shared_gate_up"], out["shared_down"], _ = _read_mlp(shards, p, names, hidden,
                                                                  moe.shared_intermediate_size, tp_size, rank)
         if moe.shared_expert_gate:
-            out["shared_gate"] = shards.read(p + keys.shared_gate, (1, hidden))[0]
+            out["shared_gate"] = read_float(shards, p + keys.shared_gate, (1, hidden))[0]
     return out, dtype

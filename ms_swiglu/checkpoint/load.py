@@ -9,6 +9,7 @@ quantized.
 from ms_swiglu.checkpoint.converted import (SCALE, ConvertedFile, is_converted, quantize_layer, read_config,
                                             read_hf_layer)
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
+from ms_swiglu.checkpoint.hf import read_float
 from ms_swiglu.ffn import FFNBlock
 from ms_swiglu.mlp import PackedSwiGLUMLP, load_weights, param_dtype
 from ms_swiglu.moe import PackedMoE
@@ -90,7 +91,7 @@ def load_ffn(folder, layer, *, dtype=None, backend="auto", recompute="none", qua
     mlp = load_block(folder, layer, dtype=dtype, backend=backend, quant=quant)
     block = FFNBlock(config.hidden_size, config.intermediate_size, eps=config.rms_norm_eps,
                      dtype=param_dtype(mlp), mlp=mlp, recompute=recompute)
-    norm, _ = SafetensorsFolder(folder).read(f"model.layers.{layer}.post_attention_layernorm.weight",
-                                             (config.hidden_size,))
+    norm, _ = read_float(SafetensorsFolder(folder), f"model.layers.{layer}.post_attention_layernorm.weight",
+                         (config.hidden_size,))
     load_weights(block.post_attention_layernorm, {"weight": norm})
     return block

@@ -153,8 +153,8 @@ class ConvertedFile:
             self.dtype, self.quant = meta["dtype"], meta["quant"] or None
             self.set_id, stored_rank = meta["set"], int(meta["rank"])
         except (KeyError, ValueError) as exc:  # (json's JSONDecodeError is a ValueError)
-            raise CheckpointError(f"{self.path}: expected the metadata ms-swiglu convert writes (tp_size, layers "
-                                  f"'A-B', config JSON, dtype, quant), got a missing or malformed entry "
+            raise CheckpointError(f"{self.path}: expected the metadata ms-swiglu convert writes (tp_size, rank, set, "
+                                  f"layers 'A-B', config JSON, dtype, quant), got a missing or malformed entry "
                                   f"({type(exc).__name__}: {exc})") from None
         if stored_tp != tp_size:
             raise CheckpointError(f"{self.path}: expected a conversion with --tp-size {tp_size}, got one with "

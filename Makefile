@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench clean
 
-$(STAMP): setup.py pyproject.toml $(wildcard ms_swiglu/backends/cpu/csrc/*) $(wildcard tools/csrc/*)
+$(STAMP): setup.py pyproject.toml $(wildcard ms_swiglu/csrc/*) $(wildcard ms_swiglu/backends/cpu/csrc/*) $(wildcard tools/csrc/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -23,4 +23,4 @@ bench: $(STAMP)
 	$(PY) -m ms_swiglu.tools.bench_swiglu
 
 clean:
-	rm -rf $(VENV) build *.egg-info ms_swiglu/backends/cpu/_kernels*.so ms_swiglu/tools/_probes*.so tools/_probes*.so
+	rm -rf $(VENV) build *.egg-info ms_swiglu/backends/cpu/_kernels*.so ms_swiglu/_sigorigin*.so ms_swiglu/tools/_probes*.so tools/_probes*.so

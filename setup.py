@@ -27,6 +27,8 @@ kernels = Extension(
     extra_compile_args=FLAGS + ["-pthread"],  # its own thread pool (csrc/pool.cc), no OpenMP
     extra_link_args=["-pthread", "-ldl"],
 )
+# The CLI's SIGTERM origin check (ms_swiglu/signals.py loads it with ctypes; no Python API).
+sigorigin = Extension("ms_swiglu._sigorigin", sources=["ms_swiglu/csrc/sigorigin.c"], extra_compile_args=["-O2"])
 # The benchmarks' bandwidth probes (not part of the kernels).
 probes = Extension("ms_swiglu.tools._probes", sources=["tools/csrc/probes.cc"], language="c++",
                    extra_compile_args=FLAGS + ["-pthread"], extra_link_args=["-pthread"])
@@ -38,7 +40,7 @@ setup(
     packages=["ms_swiglu", "ms_swiglu.backends", "ms_swiglu.backends.cpu", "ms_swiglu.checkpoint",
               "ms_swiglu.launch", "ms_swiglu.export", "ms_swiglu.tools"],
     package_dir={"ms_swiglu": "ms_swiglu", "ms_swiglu.export": "export", "ms_swiglu.tools": "tools"},
-    ext_modules=[kernels, probes],
+    ext_modules=[kernels, sigorigin, probes],
     python_requires=">=3.9",
     install_requires=[
         "mindspore>=2.10,<2.11",
@@ -47,5 +49,5 @@ setup(
         "decorator",  # AKG (graph-kernel fusion and hybrid kernels on the CPU) imports it
     ],
     extras_require={"test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5"], "bench": ["matplotlib>=3.5"]},
-    entry_points={"console_scripts": ["ms-swiglu = ms_swiglu.cli:main"]},
+    entry_points={"console_scripts": ["ms-swiglu = ms_swiglu.__main__:main"]},
 )

@@ -17,8 +17,8 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
-import subprocess
 import tempfile
 
 import numpy as np
@@ -29,6 +29,7 @@ from ms_swiglu.checkpoint import read_config, to_bf16_bits
 from ms_swiglu.config import TOLERANCE as TOL, preset as preset_shape
 from ms_swiglu.errors import InputError
 from ms_swiglu.packing import group_size
+from ms_swiglu import paths, processes, signals
 from ms_swiglu.processes import alive, python
 from ms_swiglu.export.kit import AIR_DEFAULT_SHAPE, atc_command, converter_command, converter_config, write_scripts
 from ms_swiglu.export.mindir import graph_io, int8_parameters, op_types
@@ -143,9 +144,17 @@ def _golden_shapes(req):
     return [(1, 1, None), (2, 8, None)]  # 1 token (decode) and 16 tokens (prefill)
 
 
+# Control flow in a MindIR: a branch (Switch, SwitchLayer), a sub-graph bound or called (Partial, Call), a loop
+CONTROL_FLOW = frozenset({"Switch", "SwitchLayer", "Partial", "Call", "While"})
+
+
 def _check_ops(found, target):
-    """The exported graph holds the op types that mark its backend, none that mark another backend, and only
-    the backend's allowed op types when it has such a list."""
+    """The exported graph is straight-line, holds the op types that mark its backend, none that mark another
+    backend, and only the backend's allowed op types when it has such a list."""
+    flow = sorted(CONTROL_FLOW & set(found))
+    if flow:
+        raise VerificationError(f"export --target {target}: expected a straight-line graph, got control flow "
+                                f"{', '.join(flow)} in op types {found}")
     backend = backends.get(TARGETS[target])
     owners = {}  # op type -> the backends it marks
     for name in backends.REGISTRY:
@@ -186,8 +195,10 @@ def _check_int8(net, mindir, found, target):
 
 def _verify_in_fresh_process(mindir, golden, dtype):
     """Load the MindIR with mindspore.load + nn.GraphCell in a new interpreter and run the golden inputs."""
-    proc = subprocess.run(python("ms_swiglu.export.verify", mindir, golden, dtype), capture_output=True, text=True,
-                          timeout=1800)
+    with _ms_path(mindir) as path:
+        if path != mindir:
+            shutil.copyfile(mindir, path)
+        proc = processes.run(python("ms_swiglu.export.verify", path, golden, dtype), timeout=1800)
     try:
         result = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
@@ -214,9 +225,10 @@ def _prepare_output(req, names):
         raise ExportError(f"--output-dir: expected a writable folder, got {parent} ({exc.strerror})") from None
     for n in names:
         path = os.path.join(out, n)
-        if os.path.lexists(path) and (os.path.isdir(path) and not os.path.islink(path)) != (n == "golden"):
-            raise ExportError(f"--output-dir: expected {path} to be an earlier export's "
-                              f"{'folder' if n == 'golden' else 'file'}, got something else; move it away")
+        found, want = paths.kind(path, follow=False), "a folder" if n == "golden" else "a regular file"
+        if found not in (None, want):
+            raise ExportError(f"--output-dir: expected {path} to be an earlier export's {want[2:]}, got {found}; "
+                              f"move it away")
     existing = [n for n in names if os.path.lexists(os.path.join(out, n))]
     if existing and not req.force:
         raise ExportError(f"--output-dir: expected no earlier export in {out}, found {', '.join(existing)} "
@@ -302,8 +314,9 @@ def export(req):
         work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=out)
         try:
             net.set_inputs(ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype))
-            ms.export(net, ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype),
-                      file_name=os.path.join(work, name), file_format=fmt)
+            _ms_export(net, ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype),
+                       os.path.join(work, model_file), fmt)
+            signals.pause_point("export-written")
             found = op_types(os.path.join(work, model_file)) if fmt == "MINDIR" else []
             if fmt == "MINDIR":
                 _check_ops(found, req.target)
@@ -384,7 +397,7 @@ def export(req):
                     manifest["files"][os.path.relpath(path, work)] = _sha256(path)
             with open(os.path.join(work, "manifest.json"), "w") as f:
                 json.dump(manifest, f, indent=1)
-            _move_into_place(work, out, [model_file] + list(ARTIFACTS))
+            _move_into_place(work, out, [model_file] + list(ARTIFACTS), _earlier_export(out))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return manifest
@@ -415,27 +428,74 @@ def _kernel_note():
     return library_path()
 
 
-def _move_into_place(work, out, names):
-    """Rename the artifacts from ``work`` into ``out``: an earlier export's manifest.json is removed first and the
-    new one renamed in last, so that a manifest marks a whole export at every moment (its sha256 list names the
-    files it vouches for). A failure puts the earlier export back."""
+def _earlier_export(out):
+    """The top-level names an earlier export's manifest in ``out`` vouches for (itself included), or none."""
+    try:
+        with open(paths.input_file(os.path.join(out, "manifest.json"), "--output-dir")) as f:
+            files = json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    names = {str(name).split("/")[0] for name in files} | {"manifest.json"}
+    return sorted(n for n in names if n not in ("", ".", "..") and os.path.basename(n) == n)
+
+
+def _move_into_place(work, out, names, earlier=()):
+    """Rename the artifacts ``names`` from ``work`` into ``out``, and move away what an earlier export there
+    vouched for (``earlier``), so that the folder holds exactly one export. The earlier manifest goes first and
+    the new one comes last, so that a manifest marks a whole export at every moment; no signal stops the moves
+    half-way, and a failure puts the earlier export back."""
     kept = os.path.join(work, ".replaced")
     os.mkdir(kept)
     moved, replaced = [], []
+    with signals.deferred():
+        try:
+            for name in sorted(set(names) | set(earlier), key=lambda n: (n != "manifest.json", n)):
+                if os.path.lexists(os.path.join(out, name)):
+                    os.replace(os.path.join(out, name), os.path.join(kept, name))
+                    replaced.append(name)
+                    signals.pause_point("export-move")
+            for name in sorted(names, key=lambda n: n == "manifest.json"):  # the new manifest comes last
+                os.replace(os.path.join(work, name), os.path.join(out, name))
+                moved.append(name)
+                signals.pause_point("export-move")
+        except BaseException:
+            for name in moved:
+                _remove(os.path.join(out, name))
+            for name in replaced:
+                os.replace(os.path.join(kept, name), os.path.join(out, name))
+            raise
+
+
+_MS_FILE_NAME = re.compile(r"^[0-9a-zA-Z@\_\-\.\:\/\\]+$")  # what mindspore.export accepts as a path
+
+
+@contextlib.contextmanager
+def _ms_path(path):
+    """A path for the file ``path`` that MindSpore's export and load take: ``path`` itself, or one in a new folder
+    under $TMPDIR (or /tmp), removed after the block; MindSpore refuses a space or non-ASCII letters in a file
+    name, and a path that is not UTF-8 in its loader."""
+    if _MS_FILE_NAME.match(os.path.realpath(path)):
+        yield path
+        return
+    bases = [b for b in (tempfile.gettempdir(), "/tmp") if _MS_FILE_NAME.match(os.path.realpath(b) + "/x")]
+    if not bases:
+        raise ExportError(f"--output-dir: expected a path MindSpore's export accepts ({_MS_FILE_NAME.pattern}), or "
+                          f"TMPDIR of such a path, got {path!r} and TMPDIR {tempfile.gettempdir()!r}")
+    stage = tempfile.mkdtemp(prefix="ms-swiglu-export-", dir=bases[0])
     try:
-        for name in sorted(names, key=lambda n: (n != "manifest.json", n)):  # the earlier manifest goes first
-            if os.path.lexists(os.path.join(out, name)):
-                os.replace(os.path.join(out, name), os.path.join(kept, name))
-                replaced.append(name)
-        for name in sorted(names, key=lambda n: n == "manifest.json"):  # the new manifest comes last
-            os.replace(os.path.join(work, name), os.path.join(out, name))
-            moved.append(name)
-    except BaseException:
-        for name in moved:
-            _remove(os.path.join(out, name))
-        for name in replaced:
-            os.replace(os.path.join(kept, name), os.path.join(out, name))
-        raise
+        yield os.path.join(stage, os.path.basename(path))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _ms_export(net, sample, path, fmt):
+    """``mindspore.export`` of ``net`` to the file ``path`` (its name ends in the format's extension)."""
+    import mindspore as ms  # noqa: PLC0415
+
+    with _ms_path(path) as target:
+        ms.export(net, sample, file_name=os.path.splitext(target)[0], file_format=fmt)
+        if target != path:
+            shutil.move(target, path)
 
 
 def _remove(path):

@@ -4,8 +4,10 @@ Bad input exits with status 2 and one line on stderr naming what was expected an
 that fails is a bug or the environment (exit 1, one line, the traceback kept in a log file the line names). Every
 output appears whole or not at all, and an existing one is kept unless --force (``ms_swiglu.outputs``).
 """
+import contextlib
 import datetime
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -18,7 +20,8 @@ from ms_swiglu.checkpoint import dump_safetensors, read_config
 from ms_swiglu.checkpoint.hf import read_config_json
 from ms_swiglu.checkpoint.converted import (ConvertedFile, float32_kinds, is_converted, metadata, quantize_layer,
                                             rank_paths, read_hf_layer, shard_layer, tensor_name, tensor_names)
-from ms_swiglu.config import DTYPE_NAMES, PRESETS
+from ms_swiglu.config import DTYPE_BYTES, DTYPE_NAMES, PRESETS
+from ms_swiglu import signals
 from ms_swiglu.errors import ArgumentParser, InputError
 from ms_swiglu.outputs import OutputSet, check_writable
 from ms_swiglu.packing import QUANT
@@ -40,8 +43,8 @@ def _layer_range(spec):
     if not spec.strip():
         raise UsageError(f"--layers: expected A-B or N, got {spec!r}")
     try:
-        first, _, last = spec.partition("-")
-        layers = range(int(first), int(last or first) + 1)
+        first, dash, last = spec.partition("-")
+        layers = range(int(first), int(last if dash else first) + 1)
     except ValueError:
         raise UsageError(f"--layers: expected A-B or N, got {spec!r}") from None
     if not layers:
@@ -77,10 +80,10 @@ def cmd_run(args):
     if converted is not None:  # every rank's file of one conversion with this --tp-size, holding the layer
         converted.check_layer(args.layer)
     _check_quantize(config, converted, args.tp_size, [args.layer], args.quantize)
-    x = read_input(args.input, config.hidden_size) if args.input else None
-    check_fits("--input" if args.input else "--tokens",
+    x = read_input(args.input, config.hidden_size) if args.input is not None else None
+    check_fits("--input" if x is not None else "--tokens",
                layer_bytes(config, args.layer, x.size // config.hidden_size if x is not None else args.tokens))
-    out = check_writable(args.output, args.force) if args.output else None
+    out = check_writable(args.output, args.force) if args.output is not None else None
     if x is None:
         x = np.random.default_rng(args.seed).standard_normal((args.tokens, config.hidden_size)).astype(np.float32)
     if args.tp_size > 1:
@@ -117,6 +120,7 @@ def cmd_convert(args):
                 shard = shard_layer(tensors, args.tp_size, rank)
                 rank_tensors.update({tensor_name(names, k): a for k, a in shard.items()})
             progress("convert", i + 1, len(layers), "layers")
+            signals.pause_point("convert-layer")
         for rank, (path, tensors) in enumerate(zip(out.paths, ranks)):
             meta = metadata(config_json, dtype, args.quantize, args.tp_size, rank, layers, out.token)
             out.write(path, lambda tmp, t=tensors, m=meta: dump_safetensors(tmp, t, dtype, m, float32=float32))
@@ -155,9 +159,14 @@ def cmd_export(args):
         if args.layer is not None:
             raise UsageError("export: expected --layers A-B (a stack of blocks) with --preset, got --layer")
         layers = _layer_range("0" if args.layers is None else args.layers)
+    if not args.output_dir:
+        raise UsageError("--output-dir: expected a folder name, got an empty string")
+    hidden, inter = (config.hidden_size, config.intermediate_size) if args.checkpoint else PRESETS[args.preset]
+    params = sum(config.layer_parameters(i) for i in layers) if args.checkpoint else 3 * hidden * inter * len(layers)
+    # the network's weights and their copy in the MindIR (float32 where the dtype is not given)
+    check_fits("--layers" if args.layers else "--layer", 2 * DTYPE_BYTES.get(args.dtype, 4) * params)
     static = _static_shape(args.static_shape) if args.static_shape else None
     if static:
-        hidden, inter = (config.hidden_size, config.intermediate_size) if args.checkpoint else PRESETS[args.preset]
         check_fits("--static-shape", 4 * static[0] * static[1] * (2 * hidden + 3 * inter) * 2)  # two golden cases
     req = ExportRequest(output_dir=args.output_dir, target=args.target, checkpoint=args.checkpoint,
                         preset=args.preset, seed=args.seed, layers=(layers.start, layers.stop - 1),
@@ -242,7 +251,7 @@ def _log_bug(exc):
     os.makedirs(folder, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = os.path.join(folder, f"error-{stamp}-{os.getpid()}.log")
-    with open(path, "w") as f:
+    with open(path, "w", errors="backslashreplace") as f:  # arguments may hold bytes that are not UTF-8
         f.write(f"ms-swiglu {' '.join(sys.argv[1:])}\n\n")
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=f)
     return path
@@ -252,13 +261,37 @@ def _first_line(exc):
     return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
+def _say(line):
+    """One line on stderr; a closed terminal (SIGHUP) may refuse it."""
+    end_line()
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
+
+
 def main(argv=None):
     """Exit status 0; 2 for bad input (one line); 1 for a failed worker, the environment (a full disk) or a bug
-    (one line naming the traceback's log file); 130 for Ctrl-C."""
+    (one line naming the traceback's log file); 128 + N for signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
+    argv = sys.argv[1:] if argv is None else argv
+    for stream in (sys.stdout, sys.stderr):  # paths with bytes that are not UTF-8 print escaped
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
+    os.environ.setdefault("MS_OM_PATH", os.path.join(tempfile.gettempdir(), "ms-swiglu-om"))  # compile-failure dumps
+    try:  # a signal raises once (ms_swiglu.signals): here, or while an error below is being reported
+        status = _reported(argv)
+        signals.settle()
+    except KeyboardInterrupt as exc:  # signals.Interrupted for SIGINT, SIGTERM, SIGHUP
+        status = getattr(exc, "status", 128 + signal.SIGINT)
+    taken = signals.received()
+    status = status if taken is None else 128 + taken  # a signal wins over a failure it caused meanwhile
+    if status > 128:
+        _say(f"ms-swiglu: interrupted ({signal.Signals(status - 128).name})")
+    return status
+
+
+def _reported(argv):
+    """Run the command; its exit status, with an error reported as one line."""
     from ms_swiglu.launch.msrun import LaunchError  # noqa: PLC0415 -- no MindSpore import there
 
-    argv = sys.argv[1:] if argv is None else argv
-    os.environ.setdefault("MS_OM_PATH", os.path.join(tempfile.gettempdir(), "ms-swiglu-om"))  # compile-failure dumps
     try:
         if argv[:1] == ["bench"]:  # its own parser: ms_swiglu.tools.bench_mlp
             from ms_swiglu.tools.bench_mlp import main as bench_main  # noqa: PLC0415
@@ -267,25 +300,16 @@ def main(argv=None):
         args = build_parser().parse_args(argv)
         return args.func(args)
     except InputError as exc:
-        end_line()
-        print(f"ms-swiglu: error: {_first_line(exc)}", file=sys.stderr)
+        _say(f"ms-swiglu: error: {_first_line(exc)}")
         return 2
     except LaunchError as exc:
-        end_line()
-        print(f"ms-swiglu: error: {_first_line(exc)}", file=sys.stderr)
+        _say(f"ms-swiglu: error: {_first_line(exc)}")
         return 1
-    except KeyboardInterrupt:
-        end_line()
-        print("ms-swiglu: interrupted", file=sys.stderr)
-        return 130
     except OSError as exc:  # the environment: a full disk, a vanished file
-        end_line()
-        print(f"ms-swiglu: error: {exc}", file=sys.stderr)
+        _say(f"ms-swiglu: error: {exc}")
         return 1
     except Exception as exc:  # noqa: BLE001 -- a bug: shown as one, with its traceback kept
-        end_line()
-        print(f"ms-swiglu: internal error: {type(exc).__name__}: {_first_line(exc)} (traceback: {_log_bug(exc)})",
-              file=sys.stderr)
+        _say(f"ms-swiglu: internal error: {type(exc).__name__}: {_first_line(exc)} (traceback: {_log_bug(exc)})")
         return 1
 
 

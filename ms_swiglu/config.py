@@ -11,6 +11,7 @@ PRESETS = {
 }
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # (atol, rtol) for comparing a result in this dtype with its reference (one rounding to the dtype)
 TOLERANCE = {"float32": (1e-5, 1.3e-6), "float16": (1e-3, 1e-3), "bfloat16": (1e-3, 1.6e-2)}
 

@@ -8,6 +8,7 @@ from mindspore import nn
 
 from ms_swiglu import backends
 from ms_swiglu.backends.spec import SwiGLUOp
+from ms_swiglu.cells import TokenCell
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
 from ms_swiglu.mlp import PackedSwiGLUMLP
@@ -33,7 +34,7 @@ class RMSNorm(nn.Cell):
 RECOMPUTE = ("none", "full", "selective")
 
 
-class FFNBlock(nn.Cell):
+class FFNBlock(TokenCell):
     """``x + mlp(post_attention_layernorm(x))``, the FFN half of a decoder layer. ``mlp`` is a
     :class:`PackedSwiGLUMLP` built here, or a packed MLP given (e.g. a :class:`~ms_swiglu.moe.PackedMoE`).
 
@@ -77,7 +78,7 @@ class FFNBlock(nn.Cell):
         return self.residual(x, self.mlp(self.post_attention_layernorm(x)))  # [T, H] -> [T, H]
 
 
-class FFNStack(nn.Cell):
+class FFNStack(TokenCell):
     """Consecutive :class:`FFNBlock` s (attention left out), as exported for ``--layers A-B``."""
 
     def __init__(self, blocks):

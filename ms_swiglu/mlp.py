@@ -4,10 +4,11 @@ Shape legend: T = tokens (any leading dims), H = hidden_size, I = intermediate_s
 """
 import mindspore as ms
 import numpy as np
-from mindspore import nn, ops
+from mindspore import ops
 from mindspore.common import dtype as mstype
 
 from ms_swiglu.backends import resolve
+from ms_swiglu.cells import TokenCell
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
 from ms_swiglu.linear import Dense, Linear
@@ -15,7 +16,7 @@ from ms_swiglu.packing import check_quant, check_tp, pack_state_dict, quantize_s
 from ms_swiglu.parallel import reduce_cell
 
 
-class PackedSwiGLUMLP(nn.Cell):
+class PackedSwiGLUMLP(TokenCell):
     """``down(SwiGLU(gate_up(x)))`` with ``gate_up_proj`` one GEMM of output ``2I``, rows ``[gate; up]``.
 
     ``gate_up_proj`` is a :class:`~ms_swiglu.linear.Linear` with ``swiglu=True``: on the ``cpu`` backend one C++
@@ -50,7 +51,7 @@ class PackedSwiGLUMLP(nn.Cell):
         return self.reduce(self.down_proj(self.gate_up_proj(x)))  # [T, H] -> [T, 2I/p] -SwiGLU-> [T, I/p] -> [T, H]
 
 
-class SwiGLUMLP(nn.Cell):
+class SwiGLUMLP(TokenCell):
     """The unpacked baseline (the seed article's MLP): ``down(silu(gate(x)) * up(x))``, two GEMMs in.
 
     Shapes:

@@ -15,6 +15,7 @@ from mindspore.common.initializer import HeUniform, initializer
 
 from ms_swiglu.backends import resolve
 from ms_swiglu.backends.matmul import cpu_upcast
+from ms_swiglu.cells import TokenCell
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
 from ms_swiglu.linear import Dense, int8_parameters
@@ -63,7 +64,7 @@ class StackedExperts(nn.Cell):
                        self.down_proj_scale)
 
 
-class PackedMoE(nn.Cell):
+class PackedMoE(TokenCell):
     """``sum_j w_j * expert_{e_j}(x)`` over the top-k experts of a router, plus an optional shared expert.
 
     ``scoring="softmax"`` (Mixtral, Qwen2-MoE, Qwen3-MoE): :class:`~ms_swiglu.routers.SoftmaxTopK`, renormalised

@@ -8,15 +8,21 @@ place, and puts back what they replaced; the temporary files of killed writers a
 the same target. What a kill leaves is said by each caller (the README's "What a crash leaves").
 """
 import contextlib
+import errno
 import os
+import shutil
 import uuid
 
+from ms_swiglu import paths, signals
 from ms_swiglu.errors import InputError
 from ms_swiglu.processes import alive
 
 
 def check_writable(path, force):
-    """``path`` absolute, after checking that its folder exists and is writable and that it is new (or ``force``)."""
+    """``path`` absolute, after checking that its folder exists and is writable and that it is new (or ``force``
+    and a regular file: nothing else, not a device, a FIFO or a symlink, is ever replaced)."""
+    if not path:
+        raise InputError("output: expected a file name, got an empty string")
     path = os.path.abspath(path)
     folder = os.path.dirname(path)
     if not os.path.isdir(folder):
@@ -29,9 +35,28 @@ def check_writable(path, force):
         raise InputError(f"output: expected a writable folder, got {folder} ({exc.strerror})") from None
     if os.path.isdir(path):
         raise InputError(f"output: expected a file name, got the folder {path}")
+    _check_replaceable(path)
     if os.path.lexists(path) and not force:
         raise InputError(f"output: expected a new file, got existing {path} (use --force to replace it)")
     return path
+
+
+def _check_replaceable(path):
+    found = paths.kind(path, follow=False)
+    if found not in (None, "a regular file"):
+        raise InputError(f"output: expected a new name or a regular file, got {found} at {path} (only regular "
+                         f"files are replaced)")
+
+
+def _disk_full(exc, path):
+    """An OSError of a write as the full-disk error it is (NumPy's own says only how much it wrote)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OSError(exc.errno, os.strerror(exc.errno), path)
+    with contextlib.suppress(OSError):
+        vfs = os.statvfs(os.path.dirname(path))
+        if vfs.f_bavail * vfs.f_frsize < (1 << 20):
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+    return exc
 
 
 def prune_temporaries(path):
@@ -65,16 +90,26 @@ class OutputSet:
 
     def write(self, path, writer):
         """``writer(temporary path)`` writes the content of ``path``."""
-        writer(self.temporary(path))
+        try:
+            writer(self.temporary(path))
+        except OSError as exc:
+            raise _disk_full(exc, path) from None
 
     def commit(self):
-        """Put every file in place; without ``force`` an existing name (another writer's) fails the whole set."""
+        """Put every file in place; without ``force`` an existing name (another writer's) fails the whole set.
+        No signal stops it half-way: a set is put in place whole, or (after an error) not at all."""
+        with signals.deferred():
+            self._commit()
+
+    def _commit(self):
         missing = [p for p in self.paths if not os.path.exists(self.temporary(p))]
         if missing:
             raise RuntimeError(f"ms_swiglu: output set committed without {missing}")  # a bug of the caller
         for path in self.paths:
             tmp = self.temps[path]
+            signals.pause_point("commit")
             if self.force and os.path.lexists(path):
+                _check_replaceable(path)  # something else may have taken the name since the check
                 kept = tmp[:-len(".tmp")] + ".old"
                 os.link(path, kept)
                 self.kept[path] = kept
@@ -87,11 +122,15 @@ class OutputSet:
                                      f"another process; use --force to replace it)") from None
                 os.remove(tmp)
             self.placed.append(path)
-        for kept in self.kept.values():
-            os.remove(kept)
-        self.kept = {}
+        self.placed, kept, self.kept = [], self.kept, {}  # committed: from here on the new set stays
+        for old in kept.values():
+            os.remove(old)
 
     def abort(self):
+        with signals.deferred():
+            self._abort()
+
+    def _abort(self):
         for path in reversed(self.placed):
             with contextlib.suppress(OSError):
                 if path in self.kept:
@@ -110,3 +149,10 @@ class OutputSet:
         if kind is not None:
             self.abort()
         return False
+
+
+def copy_into(path, source, force=False):
+    """Copy the file ``source`` to ``path`` as one whole new file (or, with ``force``, a replaced one)."""
+    with OutputSet([path], force) as out:
+        out.write(out.paths[0], lambda tmp: shutil.copyfile(source, tmp))
+        out.commit()

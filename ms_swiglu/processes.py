@@ -8,13 +8,28 @@ working directory nor the script's folder nor user site-packages on ``sys.path``
 import contextlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+
 
 
 def python(module, *args):
     """The command line that runs ``python -I -m module args`` with this interpreter."""
     return [sys.executable, "-I", "-m", module, *map(str, args)]
+
+
+def run(cmd, timeout):
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)``, the child ended if the wait is
+    cut short (a signal to the command, the timeout)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def safe_environment(env=None):

@@ -15,7 +15,6 @@ from ms_swiglu.backends import resolve
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
 
-_ONE, _ZERO = ms.Tensor(1.0, mstype.float32), ms.Tensor(0.0, mstype.float32)
 _NEG_INF = float("-inf")
 
 
@@ -23,7 +22,17 @@ def top_k(values, k):
     """The k largest of the last dim, ties to the lower index: [T, E] float32 -> ([T, k], [T, k] int32). One
     descending sort, which keeps equal values in index order (TopK on the CPU breaks ties arbitrarily)."""
     picked, indices = ops.sort(values, -1, descending=True)
-    return picked[:, :k], indices[:, :k].astype(mstype.int32)
+    first = _first_columns(indices, k)
+    return ops.gather_elements(picked, 1, first), ops.gather_elements(indices, 1, first).astype(mstype.int32)
+
+
+def _first_columns(indices, k):
+    """[T, k] int32, every row 0 .. k-1, for the first k columns of a [T, E] tensor by GatherD, from the sort's
+    ``indices`` [T, E] int32: their row sums times 0 (finite: int32, at most E^2 / 2) give its T rows. Neither a
+    slice nor a Transpose nor Zeros: for T = 0 MindSpore's CPU StridedSlice (and Split) along dim 1 divide by zero
+    (SIGFPE), its BroadcastTo takes no [1, k] -> [0, k], and its Transpose, once run on an empty tensor, writes no
+    output on the later runs of a dynamic-shape graph; Zeros is no op of the ascend backend's graphs."""
+    return indices.sum(-1, keepdims=True) * 0 + ops.arange(k, dtype=mstype.int32)
 
 
 def _weight(num_experts, hidden_size, dtype):
@@ -81,6 +90,7 @@ class SigmoidGroupTopK(nn.Cell):
                              f"({topk_group * (num_experts // n_group)}), got {top_k}")
         self.top_k, self.n_group, self.topk_group = top_k, n_group, topk_group
         self.renormalize, self.scale = renormalize, float(routed_scaling_factor)
+        self.last_kept = ms.Tensor(topk_group - 1, mstype.int32)  # the place of the last group kept
         self.weight = _weight(num_experts, hidden_size, mstype.float32)
         self.e_score_correction_bias = Parameter(ops.zeros(num_experts, mstype.float32), name="e_score_correction_bias")
         self.logits = resolve(backend).linear(mstype.float32, False)
@@ -90,11 +100,15 @@ class SigmoidGroupTopK(nn.Cell):
         choice = scores + self.e_score_correction_bias  # [T, E]: the bias only chooses
         if self.n_group > 1:
             tokens, experts = ops.shape(choice)
-            groups = ops.topk(choice.reshape(tokens, self.n_group, -1), 2)[0].sum(-1)  # [T, G]: top-2 sum each
-            _, kept = top_k(groups, self.topk_group)  # [T, topk_group]
-            kept = ops.one_hot(kept, self.n_group, _ONE, _ZERO).sum(1) > 0  # [T, G]
-            kept = ops.broadcast_to(kept.expand_dims(-1), (tokens, self.n_group, experts // self.n_group))
-            choice = ops.masked_fill(choice, ~kept.reshape(tokens, experts), _NEG_INF)  # other groups' experts out
+            size = experts // self.n_group  # a static E: reshape(tokens, G, -1) infers 0 for T = 0
+            groups = ops.topk(choice.reshape(tokens, self.n_group, size), 2)[0].sum(-1)  # [T, G]: top-2 sum each
+            _, order = ops.sort(groups, -1, descending=True)  # [T, G]: the groups best first, ties to the lower
+            # each group's place in that order (the inverse permutation): places from topk_group on are out
+            # (a mask without OneHot, which takes no empty tensor)
+            place = ops.sort(order, -1)[1]  # [T, G] int32
+            out = ops.gt(place, self.last_kept)  # [T, G]
+            out = ops.broadcast_to(out.expand_dims(-1), (tokens, self.n_group, size))
+            choice = ops.masked_fill(choice, out.reshape(tokens, experts), _NEG_INF)  # other groups' experts out
         _, chosen = top_k(choice, self.top_k)
         weights = ops.gather_elements(scores, 1, chosen)  # [T, k]: the unbiased scores
         if self.renormalize:

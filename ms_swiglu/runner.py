@@ -6,6 +6,7 @@ import zipfile
 
 import numpy as np
 
+from ms_swiglu import paths, signals
 from ms_swiglu.errors import InputError
 from ms_swiglu.outputs import OutputSet
 
@@ -38,6 +39,9 @@ def layer_bytes(config, layer, tokens):
 
 def read_input(path, hidden):
     """A float ``.npy`` array of shape [..., hidden] as float32; its header is checked before the data is read."""
+    if not path:
+        raise InputError("input: expected a .npy file name, got an empty string")
+    paths.input_file(path, "input")
     try:
         with open(path, "rb") as f:
             if zipfile.is_zipfile(f):
@@ -50,8 +54,8 @@ def read_input(path, hidden):
             shape, _, dtype = read_header[version](f)
     except FileNotFoundError:
         raise InputError(f"input: expected a .npy file, found none at {path}") from None
-    except IsADirectoryError:
-        raise InputError(f"input: expected a .npy file, got the folder {path}") from None
+    except InputError:
+        raise
     except (ValueError, OSError, EOFError) as exc:
         raise InputError(f"input: expected a .npy array, got unreadable {path} ({exc or 'empty file'})") from None
     if not np.issubdtype(dtype, np.floating):
@@ -107,6 +111,7 @@ def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repea
         mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=ms_dtype))
     xt = ms.Tensor(x).astype(ms_dtype)
     y = mlp(xt)  # compiles
+    signals.pause_point("graph")
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()

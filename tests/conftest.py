@@ -43,19 +43,55 @@ def _kernel_dir(tmp_path_factory):
     mp.undo()
 
 
+# The kernels' builds (isa.cc), best first: the instruction set each needs, by its name and by the CPU flags
+# (/proc/cpuinfo's names) that isa.cc checks for it.
+ISAS = {"avx512bf16": ("AVX512-BF16", {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}),
+        "avx512": ("AVX-512", {"avx512f", "avx512bw", "avx512vl"}),
+        "avx2": ("AVX2", {"avx2", "fma", "f16c"}),
+        "generic": ("x86-64", set())}
+
+
 @contextlib.contextmanager
 def on_isa(name):
-    """The cpu kernels on instruction set ``name`` within the block (the best one again afterwards); the test is
-    skipped, saying so, on a CPU without it."""
+    """The cpu kernels on instruction set ``name`` (a key of ISAS) within the block (the best one again
+    afterwards); the test is skipped, naming the instruction set, on a CPU without it."""
     from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
     if name not in kernels.isas():
-        pytest.skip(f"expected a CPU that runs the {name} kernels, got one that runs {kernels.isas()}")
+        needs, flags = ISAS[name]
+        pytest.skip(f"needs {needs} ({', '.join(sorted(flags))}) for the {name} kernels; this CPU runs "
+                    f"{', '.join(kernels.isas())}")
     best = kernels.isa()
     kernels.set_isa(name)
     try:
         yield
     finally:
         kernels.set_isa(best)
+
+
+def needs_amx():
+    """Skips the test, naming AMX-BF16, where the amx path cannot run: a CPU without AMX-BF16 (amx.cc checks for
+    AVX512-FP16 too, which every such CPU has), or a Linux that does not give the process the tile data (the
+    forced path then falls back to the skinny kernel)."""
+    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
+    if not kernels.tuning()["amx_available"]:
+        flags = set(open("/proc/cpuinfo").read().split())
+        why = ("this CPU has no AMX-BF16" if "amx_bf16" not in flags
+               else "this CPU has AMX-BF16, but the process got no AMX tile data (Linux >= 5.16 grants it)")
+        pytest.skip(f"needs AMX-BF16 for the amx path (TDPBF16PS tiles): {why}")
+
+
+@contextlib.contextmanager
+def on_path(path):
+    """Within the block every GEMM takes path ``path`` (None: the automatic choice) on the instruction set that
+    has its kernel: ``amx`` where the CPU has AMX-BF16 (else the test is skipped, saying "needs AMX-BF16"),
+    ``panel`` on the avx2 kernels (AVX2's: on_isa("avx2") skips, saying "needs AVX2", without it). Compute the
+    reference within the block too: the tuning table it reads follows the instruction set."""
+    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
+    if path == "amx":
+        needs_amx()
+    with on_isa("avx2") if path == "panel" else contextlib.nullcontext():
+        with contextlib.nullcontext() if path is None else kernels.forced_path(path):
+            yield
 
 
 def to_tensor(a, dtype):

@@ -7,7 +7,8 @@ from ms_swiglu import PackedSwiGLUMLP, SwiGLUMLP, to_packed
 from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.checkpoint import from_bf16_bits, to_bf16_bits
 from ms_swiglu.linear import Linear
-from conftest import DTYPES, LossCell, assert_close, on_isa, ref_swiglu, ref_swiglu_grad, to_f64, to_tensor
+from conftest import (DTYPES, ISAS, LossCell, assert_close, needs_amx, on_isa, ref_swiglu, ref_swiglu_grad, to_f64,
+                      to_tensor)
 
 
 def _in_dtype(a, dtype):
@@ -43,7 +44,7 @@ def skinny_only():
         yield
 
 
-@pytest.mark.parametrize("isa", kernels.isas())
+@pytest.mark.parametrize("isa", list(ISAS))  # every build: on_isa skips, naming it, those the CPU lacks
 def test_panel_path_where_the_isa_has_it(isa):
     """The panel kernel is AVX2's: there the tuning table gives it token ranges and a forced panel path takes it;
     on the other ISAs it has none, and the forced path falls back to the skinny kernel."""
@@ -116,7 +117,7 @@ def test_skinny_x_anywhere_in_its_page(dtype, skinny_only):
             np.testing.assert_array_equal(out, outs[0])
 
 
-@pytest.mark.parametrize("isa", kernels.isas())  # every ISA this CPU runs (the best also runs every other test)
+@pytest.mark.parametrize("isa", list(ISAS))  # every build (on_isa skips those the CPU lacks; the best runs every test)
 def test_skinny_every_isa(isa, skinny_only):
     with on_isa(isa):
         for dtype in kernels.NP_DTYPES:
@@ -128,9 +129,7 @@ def test_the_best_isa_of_this_cpu():
     # the kernels' builds, best first, against the CPU's flags as the kernel reports them (bfloat16 weights take the
     # VDPBF16PS skinny kernel where the CPU has AVX512-BF16 and AVX512-VNNI)
     flags = set(open("/proc/cpuinfo").read().split())
-    builds = [("avx512bf16", {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}),
-              ("avx512", {"avx512f", "avx512bw", "avx512vl"}), ("avx2", {"avx2", "fma", "f16c"}), ("generic", set())]
-    runs = tuple(name for name, needs in builds if needs <= flags)
+    runs = tuple(name for name, (_, needs) in ISAS.items() if needs <= flags)  # (conftest: the builds, best first)
     assert kernels.isas() == runs and kernels.isa() == runs[0]
     with pytest.raises(ValueError, match="expected one of"):
         kernels.set_isa("sse9")
@@ -159,10 +158,14 @@ def test_onednn_paths(dtype, swiglu, path):
 
 
 def test_amx_path():
-    # 1..16 tokens: one B tile group (split-k accumulators); 17+: 32-row panels packed 12 k steps at a time, pairs of
-    # token groups and a lone last group; k of 1, 12 and 13 tile steps; m with a lone 16-row block
-    if not kernels.tuning()["amx_available"]:
-        pytest.skip("this CPU (or kernel) gives no AMX tiles to the process: the amx path falls back to skinny")
+    """bfloat16 on AMX tiles (skipped, "needs AMX-BF16", without them): TDPBF16PS multiplies x and w as they are,
+    each product of two bfloat16 exact in float32, the pairs added into float32 tiles, the output rounded once; so
+    the float64 GEMM of the bfloat16 values, within the float32 sums' error (k additions, each within half an ulp
+    of its running sum: at most 2e-4 on these inputs, test_quant's _amx_sum_bound, within atol 1e-3) and the
+    output's rounding (2^-9 |y|, within rtol 1.6e-2). 1..16 tokens: one B tile group (split-k accumulators); 17+:
+    32-row panels packed 12 k steps at a time, pairs of token groups and a lone last group; k of 1, 12 and 13 tile
+    steps; m with a lone 16-row block."""
+    needs_amx()
     with kernels.forced_path("amx"):
         for n in (1, 3, 16, 17, 33, 100):
             for k, m in ((32, 16), (384, 48), (416, 96)):

@@ -1,6 +1,7 @@
 """PackedMoE: routers and whole blocks (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3) against NumPy references written
 from transformers' modelling code; the grouped kernels; static shapes; loading the four families."""
 import os
+import signal
 import subprocess
 import sys
 
@@ -147,6 +148,114 @@ def test_expert_without_tokens_single_token_and_every_expert(mode):
     _close(moe(x), expected, "float32", "every expert")
 
 
+# ---- no tokens at all ------------------------------------------------------------------------------------------
+
+HQ = 128  # hidden and intermediate sizes of the blocks below: int8-g128 takes multiples of 128
+NO_TOKEN_BLOCKS = [  # (family, backend, dtype, quant, tp_size): every kind of block (qwen3_moe's is mixtral's),
+    # backend, dtype and quantization
+    (family, backend, dtype, quant, 1) for family in ("mixtral", "qwen2_moe", "deepseek_v3")
+    for backend in ("cpu", "composite")
+    for dtype in ("float32", "bfloat16") for quant in (None, "int8", "int8-g128")] + [
+    ("deepseek_v3", "cpu", "bfloat16", "int8", 2), ("qwen2_moe", "composite", "float32", None, 2)]
+
+
+def _block_with_weights(family, backend, dtype, quant, tp_size, seed):
+    """A block of :data:`FAMILIES` (hidden and intermediate size 128) with random weights, its experts quantized by
+    ``quant``; with ``tp_size`` 2 rank 0's block before its AllReduce (one process here: the reduce left out)."""
+    from ms_swiglu.mlp import load_weights  # noqa: PLC0415
+    from ms_swiglu.packing import quantize_state_dict  # noqa: PLC0415
+
+    kw = dict(FAMILIES[family])
+    if "shared_intermediate_size" in kw:
+        kw["shared_intermediate_size"] = HQ
+    moe = PackedMoE(HQ, HQ, E, K, dtype=DTYPES[dtype], backend=backend, quant=quant, tp_size=tp_size, **kw)
+    if tp_size > 1:
+        moe.reduce = ms.nn.Identity()
+    rng = np.random.default_rng(seed)
+    state = {name: (rng.standard_normal(p.shape) / (2 * np.sqrt(p.shape[-1]) if "proj" in name else 1)).astype(
+        np.float32) for name, p in moe.parameters_and_names() if not name.endswith("_scale")}  # outputs O(0.1)
+    return load_weights(moe, quantize_state_dict(state, quant) if quant else state)
+
+
+def _reference_params(moe):
+    """:func:`_params` with int8 weights dequantized (exactly, as the kernels widen them)."""
+    from ms_swiglu.packing import dequantize_int8  # noqa: PLC0415
+
+    p = _params(moe)
+    if moe.quant:
+        p["gate_up"] = dequantize_int8(moe.experts.gate_up_proj.asnumpy(), moe.experts.gate_up_proj_scale.asnumpy())
+        p["down"] = dequantize_int8(moe.experts.down_proj.asnumpy(), moe.experts.down_proj_scale.asnumpy())
+        if moe.shared_expert is not None:
+            for part in ("gate_up", "down"):
+                proj = getattr(moe.shared_expert, f"{part}_proj")
+                p[f"shared_{part}"] = dequantize_int8(proj.weight.asnumpy(), proj.weight_scale.asnumpy())
+    return {k: v.astype(np.float64) if isinstance(v, np.ndarray) else v for k, v in p.items()}
+
+
+class _Blocks(ms.nn.Cell):
+    """Every block on the input of its dtype, in one graph: one build for all of them."""
+
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = ms.nn.CellList(blocks)
+        self.wide = [b.compute_dtype == ms.float32 for b in blocks]
+
+    def construct(self, x32, x16):
+        out = ()
+        for i in range(len(self.wide)):
+            out = out + (self.blocks[i](x32 if self.wide[i] else x16),)
+        return out
+
+
+def _no_tokens():
+    """The body of :func:`test_no_tokens_give_no_rows_and_leave_the_block_working`, in a process of its own."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    blocks = [_block_with_weights(*b, seed=i) for i, b in enumerate(NO_TOKEN_BLOCKS)]
+    refs = [_reference_params(b) for b in blocks]
+    names = [" ".join(map(str, b)) for b in NO_TOKEN_BLOCKS]
+    dtypes = [b[2] for b in NO_TOKEN_BLOCKS]
+
+    def run(cell, shape):
+        x = np.random.default_rng(len(shape)).standard_normal(shape)
+        (x32, x32_64), (x16, x16_64) = to_tensor(x, "float32"), to_tensor(x, "bfloat16")
+        outs = cell(x32, x16)
+        for y, name, dtype in zip(outs, names, dtypes):
+            assert y.shape == shape and y.dtype == DTYPES[dtype], f"{name}: got {y.shape} {y.dtype} for {shape}"
+        return outs, {"float32": x32_64.reshape(-1, HQ), "bfloat16": x16_64.reshape(-1, HQ)}
+
+    def check_rows(cell, shape, what):
+        outs, x64 = run(cell, shape)
+        for y, p, name, dtype in zip(outs, refs, names, dtypes):
+            _close(y.reshape(-1, HQ), ref_block(x64[dtype], p, dtype)[0], dtype, f"{name}: {what}")
+        return [to_f64(y) for y in outs]
+
+    static = _Blocks(blocks)  # one graph per shape
+    for shape in ((0, HQ), (1, 0, HQ)):
+        run(static, shape)
+    for spec, empty, rows in (([None, None, HQ], [(1, 0, HQ), (0, 3, HQ)], (2, 3, HQ)),
+                              ([None, HQ], [(0, HQ)], (5, HQ))):
+        dynamic = _Blocks(blocks)
+        dynamic.set_inputs(ms.Tensor(shape=spec, dtype=ms.float32), ms.Tensor(shape=spec, dtype=ms.bfloat16))
+        before = check_rows(dynamic, rows, f"{rows} in a {spec} graph")
+        for shape in empty:
+            run(dynamic, shape)
+        after = check_rows(dynamic, rows, f"{rows} in a {spec} graph after {empty}")
+        for b, a, name in zip(before, after, names):  # and bit for bit as before
+            np.testing.assert_array_equal(a, b, err_msg=f"{name}: {rows} after {empty}")
+
+
+def test_no_tokens_give_no_rows_and_leave_the_block_working(tmp_path):
+    """An input without tokens ([0, H], [1, 0, H]) gives [..., 0, H] of its dtype, static and dynamic shapes, for
+    every family, backend (cpu, composite), dtype and quantization (and a rank's block of tp_size 2); a
+    dynamic-shape graph gives the same rows as before once it has run one. MindSpore's CPU kernels crashed on it
+    (StridedSlice along dim 1 of [0, E]: SIGFPE; TopK on [0, G, 0]; OneHot) or ran wrong afterwards (Transpose):
+    a process of its own, so that a crash fails this test only."""
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "no-tokens"], capture_output=True, text=True,
+                       timeout=600, cwd=tmp_path, env=dict(os.environ, GLOG_v="3"))
+    status = f"signal {signal.Signals(-r.returncode).name}" if r.returncode < 0 else f"exit status {r.returncode}"
+    assert r.returncode == 0, f"{status}:\n{r.stdout[-2000:]}{r.stderr[-4000:]}"
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_grouped_kernels_compute_t_times_k_rows_grouped_by_expert(dtype):
     """MoeGateUpSwiglu writes T*k rows (never T*E), grouped by expert, stably; MoeDownCombine sums each token's k
@@ -179,6 +288,28 @@ def test_grouped_kernels_compute_t_times_k_rows_grouped_by_expert(dtype):
     np.testing.assert_allclose(out64, want, atol=TOL[dtype][0], rtol=TOL[dtype][1])
     with pytest.raises(ValueError, match="status 4"):  # an expert id outside [0, E)
         kernels.run("MoeGateUpSwiglu", x, ids + experts, w1, np.zeros((tokens * k, inter), np_dtype), dtype=dtype)
+
+
+def test_kernels_take_no_rows():
+    """Every op of the library on T = 0 (its shape checks and its loops; no graph): no row, no error."""
+    from ms_swiglu.packing import quantize_int8  # noqa: PLC0415
+
+    k, experts, hidden, inter = 2, 4, 128, 128
+    for dtype, np_dtype in kernels.NP_DTYPES.items():
+        x, ids, weights = np.zeros((0, hidden), np_dtype), np.zeros((0, k), np.int32), np.zeros((0, k), np.float32)
+        w1, w2 = np.zeros((experts, 2 * inter, hidden), np_dtype), np.zeros((experts, hidden, inter), np_dtype)
+        h = kernels.run("MoeGateUpSwiglu", x, ids, w1, np.zeros((0, inter), np_dtype), dtype=dtype)
+        kernels.run("MoeDownCombine", h, ids, weights, w2, np.zeros((0, hidden), np_dtype), dtype=dtype)
+        for group in (None, 128):
+            (q1, s1), (q2, s2) = quantize_int8(np.ones(w1.shape), group), quantize_int8(np.ones(w2.shape), group)
+            h = kernels.run("QMoeGateUpSwiglu", x, ids, q1, s1, np.zeros((0, inter), np_dtype), dtype=dtype)
+            kernels.run("QMoeDownCombine", h, ids, weights, q2, s2, np.zeros((0, hidden), np_dtype), dtype=dtype)
+            kernels.run("QGateUpSwiglu", x, q1[0], s1[0], np.zeros((0, inter), np_dtype), dtype=dtype)
+            kernels.run("QLinear", x, q1[0], s1[0], np.zeros((0, 2 * inter), np_dtype), dtype=dtype)
+        kernels.run("GateUpSwiglu", x, w1[0], np.zeros((0, inter), np_dtype), dtype=dtype)
+        kernels.run("Linear", x, w1[0], np.zeros((0, 2 * inter), np_dtype), dtype=dtype)
+        kernels.run("RmsNorm", x, np.ones(hidden, np_dtype), np.ones(1, np.float32), np.zeros_like(x), dtype=dtype)
+        kernels.run("Add", x, x, np.zeros_like(x), dtype=dtype)
 
 
 @pytest.mark.parametrize("path", ["onednn", "onednn-swapped"])
@@ -400,3 +531,7 @@ def test_dense_and_sparse_layers_are_told_apart(family_ckpts):
     from ms_swiglu import load_dense_layer
     with pytest.raises(ValueError, match="layer 1: expected a dense layer, got a mixture-of-experts layer"):
         load_dense_layer(folder, 1)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["no-tokens"]:
+    _no_tokens()

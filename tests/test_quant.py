@@ -1,6 +1,5 @@
 """Weight-only int8 (W8A16): the format, the kernels, the quantized MLP and MoE block, their accuracy, and
 convert / run / export with quantized weights."""
-import contextlib
 import json
 import os
 
@@ -15,7 +14,7 @@ from ms_swiglu.mlp import to_quantized
 from ms_swiglu.moe import PackedMoE
 from ms_swiglu.packing import (dequantize_int8, pack_gate_up, quantize_int8, quantize_state_dict, shard_down,
                                shard_packed)
-from conftest import DTYPES, TOL, assert_close, on_isa, ref_swiglu, to_f64, to_tensor
+from conftest import DTYPES, ISAS, TOL, assert_close, on_isa, on_path, ref_swiglu, to_f64, to_tensor
 from hf_checkpoint import make_checkpoint
 from moe_reference import ref_block
 from test_cli import cli
@@ -67,14 +66,66 @@ def _x(n, k, dtype, seed=0):
     return a, a.astype(np.float64)
 
 
+# The automatic path (None) and every forced one; on_path runs amx only on AMX-BF16 and panel on the avx2 kernels.
+PATHS = [None, *kernels.paths()]
+PATH_IDS = ["auto", *kernels.paths()]
+
+
+def _ulp_bound(v):
+    """2^-24 times the power of two at or above |v|, elementwise: at least half an ulp of any float32 of magnitude
+    up to |v|, so the most one float32 addition (rounded to nearest) whose result is that small errs by."""
+    return 2.0**-24 * np.exp2(np.ceil(np.log2(np.maximum(np.abs(v), 2.0**-126))))
+
+
+def _amx_sum_bound(x64, w64, split):
+    """How far the amx path's float32 sums can be from x w^T (x [n, k], w [m, k]: the bfloat16 values it
+    multiplies; [n, m]). TDPBF16PS (amx.cc) forms each product of a pair exactly in float32 (8 + 8 significant bits)
+    and adds the pair's two products in turn to a float32 tile, k in order, 32 k per tile step; each addition errs
+    by at most half an ulp of its result, within the tile's largest running sum. ``split``: two tiles over alternate
+    steps of 32, added at the end (block1: bfloat16 rows, one group of up to 16 tokens); else one tile over all of k
+    (one_group_q8, the panels, whose tiles wait in float32 between chunks)."""
+    k = x64.shape[-1]
+    halves = [np.arange(k) // 32 % 2 == h for h in (0, 1)] if split else []
+    top = []
+    for xt in x64:  # one token at a time: [m, k] products
+        p = xt * w64
+        top.append(np.max([np.abs(np.cumsum(r, -1)).max(-1) for r in [p] + [np.where(at, p, 0.0) for at in halves]],
+                          axis=0))
+    return (k + 1) * _ulp_bound(np.array(top))
+
+
+def _amx_q8_bound(x64, q, s):
+    """How far the amx path's per-row int8 output (before its rounding to bfloat16) can be from x (s q)^T: the tiles
+    sum x (q + 129) (q + 129 in [1, 256], exact in bfloat16; _amx_sum_bound), amx::q8_sums sums x on VDPBF16PS (16
+    float32 lanes of pairs, k / 16 additions each, then 4 levels of a reduction), 129 times that sum rounded, one
+    subtraction as the sums leave the tiles, and the scale (s times a float32 sum: the float64 reference's s q is
+    float32 too, both within 2^-24 of their exact values, far below the rest)."""
+    u = q.astype(np.float64) + 129
+    k, ax = x64.shape[-1], np.abs(x64)
+    lanes = ax.reshape(len(x64), -1, 16, 2).sum(axis=(1, 3)).max(-1)
+    xsum = k // 16 * _ulp_bound(lanes) + 4 * _ulp_bound(ax.sum(-1))
+    drop = 129 * xsum + _ulp_bound(129 * (np.abs(x64.sum(-1)) + xsum))
+    left = 2 * np.abs(x64 @ q.astype(np.float64).T) + 1  # (what the subtraction leaves, with room)
+    return (_amx_sum_bound(x64, u, split=False) + drop[:, None] + _ulp_bound(left)) * s[None].astype(np.float64)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_int8_kernels_on_every_path_against_numpy(dtype):
+def test_int8_kernels_on_every_path_against_numpy(dtype, path):
     """QLinear and QGateUpSwiglu (int8 weights): the dequantized float64 GEMM (the weights widen exactly; the
-    scale multiplies the float32 sum), on the automatic and every forced path, decode to prefill."""
+    scale multiplies the float32 sum), on the automatic path and each forced one (on_path: amx skips with "needs
+    AMX-BF16" on a CPU without it, panel runs on the avx2 kernels), decode to prefill.
+    The amx path (bfloat16, where its tiles cover k and the rows: amx::takes, else the skinny kernel) widens q + 129
+    to bfloat16 exactly, TDPBF16PS sums x (q + 129) with x as it is in float32 tiles, and 129 sum_k x (amx::q8_sums)
+    leaves the sums with the tiles: the reference's arithmetic but for float32 roundings of sums near 129 |sum x|,
+    which _amx_q8_bound bounds for these inputs (at most 6.9e-4, against atol 1e-3, checked where the path runs).
+    With the output's rounding to bfloat16 (2^-9 |c| of the float32 result c) the existing tolerance holds:
+    |y - z| <= b (1 + 2^-9) + 2^-9 |z| <= atol + rtol |z| (rtol 1.6e-2)."""
     # the amx path's tiles cover these (k % 32, m / 2 % 16); k of 8 and of 13 tile steps (one panel chunk of 12,
     # and two: the widening prefetches past a row's end); m with a lone 16-row block in one half
-    for k, m in ((256, 96), (416, 160), (100, 38)):  # and k past the last 32-step (100), 19 rows per half
-        _check_int8_kernels(dtype, k, m)
+    with on_path(path):
+        for k, m in ((256, 96), (416, 160), (100, 38)):  # and k past the last 32-step (100), 19 rows per half
+            _check_int8_kernels(dtype, k, m)
 
 
 def _check_int8_kernels(dtype, k, m):
@@ -83,16 +134,19 @@ def _check_int8_kernels(dtype, k, m):
     q[0], q[1, ::3] = -128, 127  # the int8 range's ends (quantize_int8 stops at -127; other tools' files may not)
     w64 = dequantize_int8(q, s).astype(np.float64)
     np_dtype = kernels.NP_DTYPES[dtype]
+    got = (lambda a: from_bf16_bits(a) if dtype == "bfloat16" else a)
     for n in (1, 3, 9, 40, 300):
         x, x64 = _x(n, k, dtype, seed=n)
         z = x64 @ w64.T
-        for path in (None,) + kernels.paths():
-            with contextlib.nullcontext() if path is None else kernels.forced_path(path):
-                y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
-                h = kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, m // 2), np_dtype), dtype=dtype)
-            got = (lambda a: from_bf16_bits(a) if dtype == "bfloat16" else a)
-            assert_close(got(y), z, dtype, f"Linear n={n} path={path}")
-            assert_close(got(h), ref_swiglu(z), dtype, f"GateUpSwiglu n={n} path={path}")
+        y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
+        h = kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, m // 2), np_dtype), dtype=dtype)
+        path = kernels.path(dtype, n, "int8")
+        assert_close(got(y), z, dtype, f"Linear n={n} path={path}")
+        assert_close(got(h), ref_swiglu(z), dtype, f"GateUpSwiglu n={n} path={path}")
+        if path == "amx" and k % 32 == 0 and m % 16 == 0:  # (the tiles took QLinear: the bound above holds)
+            atol = TOL[dtype][0]
+            bound = _amx_q8_bound(x64, q, s)
+            assert (bound * (1 + 2.0**-9) <= atol).all(), (f"n={n}", bound.max())
     with pytest.raises(ValueError, match="status 3"):  # one scale per weight row
         kernels.run("QLinear", x, q, s[:-1], np.zeros((n, m), np_dtype), dtype=dtype)
 
@@ -165,7 +219,7 @@ def test_int8_one_token_of_16bit_x_over_long_rows_wide_ranges_and_non_finite_x(d
                 assert y[0, 1] == 0 and abs(z[0, 1]) > 10 * atol, (name, y[0, 1], z[0, 1])
 
 
-@pytest.mark.parametrize("isa", kernels.isas())
+@pytest.mark.parametrize("isa", list(ISAS))  # every build: on_isa skips, naming it, those the CPU lacks
 def test_int8_one_token_kernels_read_x_as_documented(isa):
     """One token of bfloat16 x against int8 weights, x = 2^20, 1, 1, -2^20 at elements 0, 1, 8, 16 and rows 127, 1,
     1, 127 there: the sum is 2. VPDPWSSD (AVX512-VNNI) keeps it exactly (the 1s are low int16 parts); VPMADDWD
@@ -510,22 +564,40 @@ def _rounded(w, dtype):
     return w.astype(dtype).astype(np.float64)
 
 
-def _g128_weights(w, dtype, rows, forced=None, expert=False):
-    """The int8-g128 weights (dequantized, float64) that the cpu kernels multiply ``rows`` rows by on the path
-    ``forced`` (None: the automatic one): exact (unrounded) where the skinny kernel applies the scales itself to
-    float32 x (each group's float32 sums times its scale), on the panel path (which widens weights to float32)
-    and where oneDNN reads float32 rows (16-bit dtypes it has no matmul for on this CPU), else rounded once to the
-    dtype."""
-    taken = forced or kernels.path(dtype, rows, "int8-g128", expert=expert)
-    if taken == "amx" and not (kernels.tuning()["amx_available"] and dtype == "bfloat16"):
-        taken = "skinny"  # (gemm.cc: path)
-    wide = kernels.tuning()["onednn_float32_for"][dtype]
+def _g128_path(dtype, tokens, k, rows, forced=None, expert=False):
+    """The path a GEMM of ``tokens`` tokens of ``dtype`` against ``rows`` int8-g128 rows of k inputs runs on (forced
+    to ``forced``, or the automatic one; read under the instruction set in use). The amx path (gemm.cc: path, run)
+    takes bfloat16 only, on a CPU with AMX tiles, and only where its tiles cover the GEMM (amx::takes: k % 32 == 0
+    and rows % 16 == 0; QGateUpSwiglu streams gate's and up's M / 2 rows each): elsewhere the skinny kernel runs it.
+    A forced panel path is the skinny kernel on an ISA without the panel kernel."""
+    taken = forced or kernels.path(dtype, tokens, "int8-g128", expert=expert)
+    amx = kernels.tuning()["amx_available"] and dtype == "bfloat16" and k % 32 == 0 and rows % 16 == 0
+    if taken == "amx" and not amx:
+        return "skinny"
     if taken == "panel":
         with kernels.forced_path("panel"):
-            taken = kernels.path(dtype, rows)  # "skinny" on an ISA without the panel kernel (gemm.cc: path)
+            return kernels.path(dtype, tokens)  # "skinny" on an ISA without the panel kernel (gemm.cc: path)
+    return taken
+
+
+def _g128_weights(w, dtype, tokens, forced=None, expert=False, rows=None):
+    """The int8-g128 weights w [M, k] (dequantized as dequantize_int8 gives them: q * scale rounded once to float32;
+    float64) that the cpu kernels multiply ``tokens`` tokens by on the path ``forced`` (None: the automatic one),
+    in GEMMs of ``rows`` of w's rows (default M; QGateUpSwiglu: M / 2), as _g128_path gives it:
+    - as they are where the skinny kernel applies the scales itself to float32 x (one token: each group's float32
+      sum times its scale; more without VDPBF16PS: each weight times its scale in float32), on the panel path
+      (each weight times its scale in float32) and where oneDNN reads float32 rows (16-bit dtypes it has no matmul
+      for on this CPU);
+    - else rounded once more, to the dtype the GEMM reads (dequant_span, isa_linear.inc: VCVTNE2PS2BF16 or the
+      scalar store, both to nearest even): the skinny kernel on VDPBF16PS from 2 tokens (bfloat16_x_dot), the
+      rows dequantized for oneDNN, and the amx path (gemm.cc: stream_grouped), where TDPBF16PS then multiplies
+      these bfloat16 weights by bfloat16 x as it is (to_vnni only interleaves pairs of k), each product exact in
+      float32 and the pairs added into float32 tiles (_amx_sum_bound bounds those additions)."""
+    taken = _g128_path(dtype, tokens, w.shape[-1], w.shape[-2] if rows is None else rows, forced, expert)
+    wide = kernels.tuning()["onednn_float32_for"][dtype]
     # the skinny kernel scales float32 x's sums by group; bfloat16 x read as it is (tuning's bfloat16_x_dot) takes
     # the weights times their scales rounded to bfloat16 from 2 tokens
-    bf16_dot = dtype == "bfloat16" and rows > 1 and kernels.tuning()["bfloat16_x_dot"]
+    bf16_dot = dtype == "bfloat16" and tokens > 1 and kernels.tuning()["bfloat16_x_dot"]
     exact = (taken == "skinny" and not bf16_dot) or taken == "panel" or (wide and taken not in ("skinny", "amx"))
     return w if exact else _rounded(w, dtype)
 
@@ -625,31 +697,45 @@ def test_int8_group_scales_in_the_skinny_tiles(dtype):
                          f"QLinear k={k} groups={groups} m={m} n={n}")
 
 
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_int8_g128_kernels_on_every_path_against_numpy(dtype):
-    """QLinear and QGateUpSwiglu with scales [M, K / 128]: the weights dequantized to the dtype (rounded once;
-    exactly where the kernel applies the scales itself, and where oneDNN reads float32: _g128_weights), the GEMM in
-    float64, on the automatic and every forced path, decode to prefill; weights whose magnitude changes by group,
-    so that a scale applied to the wrong group shows."""
+def test_int8_g128_kernels_on_every_path_against_numpy(dtype, path):
+    """QLinear and QGateUpSwiglu with scales [M, K / 128]: the weights dequantized as the path that runs does it
+    (rounded once to the dtype; exactly where the kernel applies the scales itself, and where oneDNN reads float32:
+    _g128_weights), the GEMM in float64, on the automatic path and each forced one (on_path: amx skips with "needs
+    AMX-BF16" on a CPU without it, panel runs on the avx2 kernels), decode to prefill; weights whose magnitude
+    changes by group, so that a scale applied to the wrong group shows.
+    The amx path: the weights q * scale rounded to bfloat16 (as the reference rounds them), x as it is, TDPBF16PS's
+    products exact in float32 and added in float32 tiles, the output rounded once; only where its tiles cover the
+    GEMM (k = 256, M = 96: QLinear's 96 rows, QGateUpSwiglu's 48); k = 640 with M = 38 (19 rows per half) runs on
+    the skinny kernel instead, whose one token of float32 x takes the weights unrounded (the reference that
+    rounded them there was 4 of 38 outputs off by up to 6.8e-3 on an AMX host). The float32 tiles' roundings are
+    within _amx_sum_bound's b, at most 4.9e-4 here (checked where the path runs), so with the output's rounding
+    (2^-9 |c| of the float32 result c) the existing tolerance holds: |y - z| <= b (1 + 2^-9) + 2^-9 |z| <= atol +
+    rtol |z| (atol 1e-3, rtol 1.6e-2)."""
     np_dtype = kernels.NP_DTYPES[dtype]
     got = (lambda a: from_bf16_bits(a) if dtype == "bfloat16" else a)
-    for k, m in ((256, 96), (640, 38)):
-        rng = np.random.default_rng(k)
-        w = rng.standard_normal((m, k)) / np.sqrt(k) * np.repeat(rng.uniform(0.1, 3, (m, k // 128)), 128, -1)
-        q, s = quantize_int8(w, 128)
-        q[0], q[1, ::3] = -128, 127
-        exact = dequantize_int8(q, s).astype(np.float64)
-        for n in (1, 3, 9, 40, 300):
-            x, x64 = _x(n, k, dtype, seed=n)
-            for path in (None,) + kernels.paths():
-                with contextlib.nullcontext() if path is None else kernels.forced_path(path):
-                    y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
-                    h = kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, m // 2), np_dtype), dtype=dtype)
-                z = x64 @ _g128_weights(exact, dtype, n, path).T
-                assert_close(got(y), z, dtype, f"Linear k={k} n={n} path={path}")
-                assert_close(got(h), ref_swiglu(z), dtype, f"GateUpSwiglu k={k} n={n} path={path}")
-    with pytest.raises(ValueError, match="status 3"):  # groups that do not divide k
-        kernels.run("QLinear", x, q, s[:, :3], np.zeros((n, m), np_dtype), dtype=dtype)
+    with on_path(path):
+        for k, m in ((256, 96), (640, 38)):
+            rng = np.random.default_rng(k)
+            w = rng.standard_normal((m, k)) / np.sqrt(k) * np.repeat(rng.uniform(0.1, 3, (m, k // 128)), 128, -1)
+            q, s = quantize_int8(w, 128)
+            q[0], q[1, ::3] = -128, 127
+            exact = dequantize_int8(q, s).astype(np.float64)
+            for n in (1, 3, 9, 40, 300):
+                x, x64 = _x(n, k, dtype, seed=n)
+                y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
+                h = kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, m // 2), np_dtype), dtype=dtype)
+                for op, out, rows, ref in (("Linear", y, m, lambda z: z), ("GateUpSwiglu", h, m // 2, ref_swiglu)):
+                    wr = _g128_weights(exact, dtype, n, path, rows=rows)
+                    z = x64 @ wr.T
+                    taken = _g128_path(dtype, n, k, rows, path)
+                    assert_close(got(out), ref(z), dtype, f"{op} k={k} n={n} path={path} (runs {taken})")
+                if _g128_path(dtype, n, k, m, path) == "amx":  # the bound above, for QLinear
+                    bound = _amx_sum_bound(x64, _g128_weights(exact, dtype, n, path, rows=m), split=n <= 16)
+                    assert (bound * (1 + 2.0**-9) <= TOL[dtype][0]).all(), (f"k={k} n={n}", bound.max())
+        with pytest.raises(ValueError, match="status 3"):  # groups that do not divide k
+            kernels.run("QLinear", x, q, s[:, :3], np.zeros((n, m), np_dtype), dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -669,7 +755,8 @@ def test_int8_g128_mlp_cpu_and_composite_against_numpy(dtype):
         exact = [dequantize_int8(p.weight.asnumpy(), p.weight_scale.asnumpy()) for p in (mlp.gate_up_proj,
                                                                                           mlp.down_proj)]
         for n in (1, 5, 70):
-            gu, down = (_g128_weights(w, dtype, n) if backend == "cpu" else w for w in exact)
+            gu, down = (_g128_weights(w, dtype, n, rows=rows) if backend == "cpu" else w
+                        for w, rows in zip(exact, (IG, HG)))  # (gate_up: gate's and up's IG rows each)
             x, x64 = to_tensor(np.random.default_rng(n).standard_normal((n, HG)), dtype)
             before = kernels.launches()
             y = mlp(x)
@@ -715,12 +802,14 @@ def test_int8_g128_moe_cpu_and_composite_against_numpy():
         PackedMoE(HG, 128, 8, 2, dtype=ms.bfloat16, backend="ascend", quant="int8-g128")
 
 
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_int8_g128_moe_kernels_against_numpy(dtype):
+def test_int8_g128_moe_kernels_against_numpy(dtype, path):
     """QMoeGateUpSwiglu and QMoeDownCombine with scales [E, 2I, H/128] and [E, H, I/128] (two groups each way),
-    on the automatic and every forced path, few rows per expert to many: each expert's weights dequantized as
-    _g128_weights says for the path its row count takes, its rows' GEMMs in float64, each token's
-    k outputs weighted and summed."""
+    on the automatic path and each forced one (on_path: amx skips with "needs AMX-BF16" on a CPU without it, panel
+    runs on the avx2 kernels), few rows per expert to many: each expert's weights dequantized as _g128_weights says
+    for the path its row count takes (the amx path's tiles cover these: k = 256, 256 rows per GEMM), its rows'
+    GEMMs in float64, each token's k outputs weighted and summed."""
     np_dtype = kernels.NP_DTYPES[dtype]
     got = (lambda a: from_bf16_bits(a) if dtype == "bfloat16" else a)
     experts, k, hidden, inter = 4, 2, 256, 256
@@ -729,22 +818,21 @@ def test_int8_g128_moe_kernels_against_numpy(dtype):
     q1, s1 = quantize_int8(rng.standard_normal((experts, 2 * inter, hidden)) / 16 * gain(experts, 2 * inter, 2), 128)
     q2, s2 = quantize_int8(rng.standard_normal((experts, hidden, inter)) / 16 * gain(experts, hidden, 2), 128)
     w1, w2 = dequantize_int8(q1, s1).astype(np.float64), dequantize_int8(q2, s2).astype(np.float64)
-    for tokens in (1, 5, 40):
-        x, x64 = _x(tokens, hidden, dtype, seed=tokens)
-        ids = rng.integers(0, experts, (tokens, k)).astype(np.int32)
-        weights = rng.random((tokens, k)).astype(np.float32)
-        order = np.argsort(ids.ravel(), kind="stable")  # grouped row p is (token, slot) order[p]
-        back = np.empty_like(order)
-        back[order] = np.arange(order.size)
-        counts = np.bincount(ids.ravel(), minlength=experts)  # each expert's GEMM takes the path of its rows
-        for path in (None,) + kernels.paths():
-            with contextlib.nullcontext() if path is None else kernels.forced_path(path):
-                h = kernels.run("QMoeGateUpSwiglu", x, ids, q1, s1, np.zeros((tokens * k, inter), np_dtype),
-                                dtype=dtype)
-                out = kernels.run("QMoeDownCombine", h, ids, weights, q2, s2, np.zeros((tokens, hidden), np_dtype),
-                                  dtype=dtype)
-            v1, v2 = (np.stack([_g128_weights(w[i], dtype, max(c, 1), path, expert=True) for i, c in enumerate(counts)])
-                      for w in (w1, w2))
+    with on_path(path):
+        for tokens in (1, 5, 40):
+            x, x64 = _x(tokens, hidden, dtype, seed=tokens)
+            ids = rng.integers(0, experts, (tokens, k)).astype(np.int32)
+            weights = rng.random((tokens, k)).astype(np.float32)
+            order = np.argsort(ids.ravel(), kind="stable")  # grouped row p is (token, slot) order[p]
+            back = np.empty_like(order)
+            back[order] = np.arange(order.size)
+            counts = np.bincount(ids.ravel(), minlength=experts)  # each expert's GEMM takes the path of its rows
+            h = kernels.run("QMoeGateUpSwiglu", x, ids, q1, s1, np.zeros((tokens * k, inter), np_dtype), dtype=dtype)
+            out = kernels.run("QMoeDownCombine", h, ids, weights, q2, s2, np.zeros((tokens, hidden), np_dtype),
+                              dtype=dtype)
+            v1, v2 = (np.stack([_g128_weights(w[i], dtype, max(c, 1), path, expert=True, rows=rows)
+                                for i, c in enumerate(counts)])
+                      for w, rows in ((w1, inter), (w2, hidden)))  # (gate_up: gate's and up's rows each)
             e = ids.ravel()[order]
             g = np.einsum("ph,pih->pi", x64[order // k], v1[e])
             assert_close(got(h), ref_swiglu(g), dtype, f"QMoeGateUpSwiglu T={tokens} path={path}")

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -209,7 +210,7 @@ def test_export_refuses_a_foreign_file_named_like_an_artifact_before_touching_an
     (out / "golden").write_text("mine")
     (out / "notes.txt").write_text("mine too")
     r = cli("export", "--preset", "tiny", "--output-dir", out, "--target", "portable", "--force")
-    one_line(r, 2, f"expected {out / 'golden'} to be an earlier export's folder, got something else")
+    one_line(r, 2, f"expected {out / 'golden'} to be an earlier export's folder, got a regular file")
     assert sorted(os.listdir(out)) == ["golden", "notes.txt"] and (out / "golden").read_text() == "mine"
 
 
@@ -259,6 +260,16 @@ def bad_inputs(tmp_path_factory, ckpt):
     (d / "escape" / "config.json").write_text(json.dumps(cfg))
     (d / "escape" / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {"model.layers.0.mlp.gate_proj.weight": f"../{os.path.basename(ckpt)}/model.safetensors"}}))
+    # things that are not regular files where a file is read or replaced: a FIFO would block open() for ever
+    os.mkfifo(d / "fifo.npy")
+    os.mkfifo(d / "fifo-out")
+    os.symlink("loop.npy", d / "loop.npy")
+    (d / "fifo-config").mkdir()
+    os.mkfifo(d / "fifo-config" / "config.json")
+    (d / "fifo-model").mkdir()
+    (d / "fifo-model" / "config.json").write_text(json.dumps(cfg))
+    os.mkfifo(d / "fifo-model" / "model.safetensors")
+    os.mknod(d / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # a null device of its own, never /dev/null
     return d
 
 
@@ -275,7 +286,8 @@ MALFORMED = {
                     "expected a size that fits in memory"),
     "text": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D/text.npy"], "expected a .npy array"),
     "object": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D/obj.npy"], "expected a float array"),
-    "folder-input": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D"], "expected a .npy file, got"),
+    "folder-input": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D"],
+                     "input: expected a regular file, got a folder at"),
     "huge-tokens": (["run", "--checkpoint", "C", "--layer", 0, "--tokens", 10 ** 13],
                     "--tokens: expected a size that fits in memory"),
     "huge-static-shape": (["export", "--preset", "llama-7b", "--static-shape", "100000,100000", "--output-dir",
@@ -289,6 +301,38 @@ MALFORMED = {
                      "--layers: expected A-B or N, got ''"),
     "ascend-on-cpu": (["run", "--checkpoint", "C", "--layer", 0, "--backend", "ascend"],
                       "--backend ascend: expected a backend that runs on this machine's device CPU"),
+    "fifo-input": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D/fifo.npy"],
+                   "input: expected a regular file, got a FIFO at"),
+    "symlink-loop-input": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D/loop.npy"],
+                           "input: expected a regular file, got a symlink loop at"),
+    "fifo-config": (["run", "--checkpoint", "D/fifo-config", "--layer", 0],
+                    "checkpoint: expected a regular file, got a FIFO at"),
+    "fifo-model": (["convert", "--checkpoint", "D/fifo-model", "--output", "D/o.safetensors"],
+                   "checkpoint: expected a regular file, got a FIFO at"),
+    "fifo-model-run": (["run", "--checkpoint", "D/fifo-model", "--layer", 0],
+                       "checkpoint: expected a regular file, got a FIFO at"),
+    "symlink-loop-checkpoint": (["run", "--checkpoint", "D/loop.npy", "--layer", 0],
+                                "checkpoint: expected a folder, got"),
+    "device-output": (["run", "--checkpoint", "C", "--layer", 0, "--output", "D/null", "--force"],
+                      "output: expected a new name or a regular file, got a character device at"),
+    "fifo-output": (["run", "--checkpoint", "C", "--layer", 0, "--output", "D/fifo-out", "--force"],
+                    "output: expected a new name or a regular file, got a FIFO at"),
+    "fifo-convert-output": (["convert", "--checkpoint", "C", "--output", "D/fifo-out", "--force"],
+                            "output: expected a new name or a regular file, got a FIFO at"),
+    "symlink-output": (["run", "--checkpoint", "C", "--layer", 0, "--output", "D/loop.npy", "--force"],
+                       "output: expected a new name or a regular file, got a symlink at"),
+    "empty-output": (["run", "--checkpoint", "C", "--layer", 0, "--output", ""],
+                     "output: expected a file name, got an empty string"),
+    "empty-convert-output": (["convert", "--checkpoint", "C", "--output", ""],
+                             "output: expected a file name, got an empty string"),
+    "empty-input": (["run", "--checkpoint", "C", "--layer", 0, "--input", ""],
+                    "input: expected a .npy file name, got an empty string"),
+    "empty-output-dir": (["export", "--preset", "tiny", "--output-dir", ""],
+                         "--output-dir: expected a folder name, got an empty string"),
+    "open-layer-range": (["convert", "--checkpoint", "C", "--output", "D/o.safetensors", "--layers", "1-"],
+                         "--layers: expected A-B or N, got '1-'"),
+    "huge-export-layers": (["export", "--preset", "small", "--layers", "0-100000", "--output-dir", "D/out"],
+                           "--layers: expected a size that fits in memory"),
     "bench-tokens": (["bench", "--preset", "tiny", "--tokens", -1], "--tokens: expected integers >= 1, got -1"),
     "bench-rounds": (["bench", "--preset", "tiny", "--rounds", 0], "--rounds: expected integers >= 1, got 0"),
     "bench-layers": (["bench", "--preset", "tiny", "--layers", 0], "--layers: expected integers >= 1, got 0"),
@@ -306,9 +350,12 @@ def test_malformed_input_exits_2_with_one_line_before_any_work(bad_inputs, ckpt,
     args = [ckpt if a == "C" else str(bad_inputs) if a == "D" else
             f"{bad_inputs}/{a[2:]}" if isinstance(a, str) and a.startswith("D/") else a for a in args]
     before = sorted(os.listdir(bad_inputs))
-    r = cli(*args, cwd=tmp_path)
+    r = cli(*args, cwd=tmp_path, timeout=120)
     one_line(r, 2, message)
+    assert r.stderr.count(": expected") <= 1  # one message, not one wrapped in another
     assert sorted(os.listdir(bad_inputs)) == before and os.listdir(tmp_path) == []
+    assert stat.S_ISCHR(os.lstat(bad_inputs / "null").st_mode)  # neither replaced nor written into
+    assert stat.S_ISFIFO(os.lstat(bad_inputs / "fifo-out").st_mode)
 
 
 def test_akg_runs_with_the_inputs_static_shape_and_leaves_the_working_directory_clean(ckpt, tmp_path, tmpenv):
@@ -429,3 +476,83 @@ def test_a_killed_converts_temporaries_are_removed_by_the_next(ckpt, tmp_path):
     assert r.returncode == 0, r.stderr
     assert not stale.exists() and live.exists()
     assert read_safetensors(str(tmp_path / "o.safetensors"))[1] == "float32"
+
+
+# ---- 6. the environment and odd paths ----------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KiB tmpfs (needs root and mount, as on the development and CI hosts)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
+                      capture_output=True).returncode:
+        pytest.skip("needs mount(8) as root for a small tmpfs, to fill a disk")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_is_named_in_one_line_and_leaves_nothing(ckpt, small_disk):
+    r = cli("run", "--checkpoint", ckpt, "--layer", 0, "--tokens", 1000, "--output", small_disk / "y.npy")
+    one_line(r, 1, f"No space left on device: '{small_disk / 'y.npy'}'")  # 128 kB of output, 64 kB of disk
+    assert os.listdir(small_disk) == []
+
+
+def test_export_takes_any_folder_name_a_user_can_create(tmp_path):
+    """A space, non-ASCII letters, and bytes that are not UTF-8: mindspore.export refuses all three in a file
+    name; the export and its messages do not."""
+    for name in ("my exports é", os.fsdecode(b"out-\xff")):
+        out = tmp_path / name
+        r = subprocess.run([EXE, "export", "--preset", "tiny", "--output-dir", os.fsencode(out), "--target",
+                            "portable"], capture_output=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert whole(out) and b"wrote " in r.stdout
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = subprocess.run([EXE, "run", "--checkpoint", os.fsencode(tmp_path / os.fsdecode(b"missing-\xff")), "--layer",
+                        "0"], capture_output=True, timeout=600, env=dict(os.environ, TMPDIR=str(tmp)))
+    assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"missing-\\udcff" in r.stderr, r.stderr
+
+
+def test_a_bugs_log_keeps_arguments_that_are_not_utf8(tmp_path, monkeypatch):
+    from ms_swiglu import cli as cli_module
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(cli_module.tempfile, "tempdir", None)
+    monkeypatch.setattr(sys, "argv", ["ms-swiglu", "run", "--checkpoint", os.fsdecode(b"ck-\xff")])
+    try:
+        raise RuntimeError("a bug")
+    except RuntimeError as exc:
+        path = cli_module._log_bug(exc)
+    text = open(path).read()
+    assert path.startswith(str(tmp_path)) and "ck-\\udcff" in text and "RuntimeError: a bug" in text
+
+
+def test_no_tokens_through_every_moe_family_backend_quantization_and_tp_size(tmp_path):
+    """An input with no token ([1, 0, H] and [0, H]) gives [..., 0, H] through run, as a dense layer does: MoE
+    families (softmax and sigmoid-group routers, shared experts), backends cpu and composite, bfloat16 and an int8
+    conversion, and --tp-size 2 (every rank returns before any collective)."""
+    moe = make_checkpoint(tmp_path / "ds", model_type="deepseek_v3", hidden=H, inter=48, moe_inter=16, experts=8,
+                          top_k=2, layers=2, sparse=[1], shared_inter=16, seed=3,
+                          config_extra={"first_k_dense_replace": 1, "n_shared_experts": 1, "n_group": 4,
+                                        "topk_group": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+                                        "scoring_func": "sigmoid", "topk_method": "noaux_tc", "moe_layer_freq": 1})
+    assert moe
+    make_checkpoint(tmp_path / "qw", model_type="qwen2_moe", hidden=H, inter=48, moe_inter=16, experts=4, top_k=2,
+                    layers=1, shared_inter=32, seed=4, config_extra={"norm_topk_prob": False,
+                                                                    "shared_expert_intermediate_size": 32})
+    make_checkpoint(tmp_path / "mx", model_type="mixtral", hidden=H, inter=48, experts=4, top_k=2, layers=1, seed=5)
+    r = cli("convert", "--checkpoint", tmp_path / "mx", "--output", tmp_path / "mx8.safetensors", "--quantize", "int8")
+    assert r.returncode == 0, r.stderr
+    runs = [("ds", 1, "cpu", []), ("ds", 1, "composite", ["--dtype", "bfloat16"]), ("qw", 0, "cpu", []),
+            ("qw", 0, "composite", []), ("mx8.safetensors", 0, "cpu", []), ("mx", 0, "auto", ["--tp-size", 2])]
+    for shape, cases in (((1, 0, H), runs), ((0, H), runs[:1] + runs[-1:])):
+        np.save(tmp_path / "x.npy", np.zeros(shape, np.float32))
+        for source, layer, backend, extra in cases:
+            out = tmp_path / f"y-{source}-{backend}-{len(shape)}.npy"
+            r = cli("run", "--checkpoint", tmp_path / source, "--layer", layer, "--input", tmp_path / "x.npy",
+                    "--backend", backend, "--output", out, *extra)
+            assert r.returncode == 0, (source, backend, shape, r.stderr[-2000:])
+            assert np.load(out).shape == shape, (source, backend)

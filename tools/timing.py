@@ -234,11 +234,9 @@ def proc_status(key):
 def probe_process(module, args, what, timeout):
     """``python -m module --probe *args`` in a fresh process; its last stdout line. Raises RuntimeError naming
     `what` and the child's last stderr line when it fails."""
-    import subprocess  # noqa: PLC0415
+    from ms_swiglu import processes  # noqa: PLC0415
 
-    from ms_swiglu.processes import python  # noqa: PLC0415
-
-    r = subprocess.run(python(module, "--probe", *args), capture_output=True, text=True, timeout=timeout)
+    r = processes.run(processes.python(module, "--probe", *args), timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"{what}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
     return r.stdout.strip().splitlines()[-1]

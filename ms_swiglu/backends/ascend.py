@@ -18,38 +18,16 @@ ASCEND_OPS = frozenset({
     "Swiglu", "TupleGetItem", "UpdateState",
     # weight-only int8 (W8A16); per-group scales [M, G] enter it as [G, M]
     "WeightQuantBatchMatmul", "Transpose",
-    # no row, no kernel call (the Swiglu and MoE guards of dynamic-shape graphs): a run-time branch
-    "Call", "Partial", "ScalarEq", "ScalarMul", "Switch", "Zeros",
     # the MoE block: the routers (softmax / sigmoid group top-k) and the grouped experts
     "BroadcastTo", "Div", "ExpandDims", "GatherD", "Greater", "LogicalNot", "MaskedFill", "Muls", "OneHot",
     "Sigmoid", "Softmax", "Sort", "StridedSlice", "SumExt", "TopK",
     "MoeInitRoutingV2", "GroupedMatmulV4", "InnerMoeTokenUnpermute"})
 
 
-@ops.constexpr
-def _empty(rows):
-    """Whether the leading dims hold no row: True, False, or None when a dim is only known at run time."""
-    if any(d is None or d < 0 for d in rows):
-        return None
-    return 0 in rows
-
-
-def _none_left(shape):
-    """A run-time check that the leading dims of ``shape`` hold no row (a dynamic graph's Switch)."""
-    count = 1
-    for d in shape[:-1]:
-        count = count * d
-    return count == 0
-
-
 def swiglu(x):
-    """[T, 2I] -> [T, I]: ``Swiglu`` applies Swish to the first half of the last dim (gate first). No token, no
-    kernel call: aclnnSwiGlu takes no empty tensor in some CANN releases (8.0.RC2: "不支持空Tensor"); a static
-    shape decides at compile time, a dynamic one at run time."""
-    shape = ops.shape(x)
-    empty = _empty(shape[:-1])
-    if empty or (empty is None and _none_left(shape)):
-        return ops.zeros(shape[:-1] + (shape[-1] // 2,), x.dtype)
+    """[T, 2I] -> [T, I]: ``Swiglu`` applies Swish to the first half of the last dim (gate first). A graph of this
+    backend is straight-line: no token is handled before the graph (``ms_swiglu.cells.TokenCell``), since
+    aclnnSwiGlu takes no empty tensor in some CANN releases (8.0.RC2: "不支持空Tensor")."""
     return ops.swiglu(x, -1)
 
 
@@ -116,10 +94,6 @@ class GroupedExperts(nn.Cell):
         self.init_routing, self.gmm, self.unpermute = MoeInitRoutingV2(), GroupedMatmulV4(), MoeTokenUnpermute()
 
     def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None):
-        shape = ops.shape(x)
-        empty = _empty(shape[:-1])
-        if empty or (empty is None and _none_left(shape)):  # no token, no kernel call (as in swiglu)
-            return ops.zeros(shape, x.dtype)
         experts = ops.shape(w_gate_up)[0]
         # dropless (drop_pad_mode 0, active_num 0): rows [T k, H] by expert; counts (flag 2) per expert
         rows, row_idx, counts, _ = self.init_routing(x, ids, 0, 0, experts, 0, 2, False)

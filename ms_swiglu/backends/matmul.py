@@ -61,9 +61,6 @@ class MatMulLinear(nn.Cell):
         return y if self.act is None else self.act(y)
 
 
-_ONE, _ZERO = ms.Tensor(1.0, mstype.float32), ms.Tensor(0.0, mstype.float32)
-
-
 class DenseExperts(nn.Cell):
     """The routed experts by their definition: every expert on every token in one BatchMatMul over E, each
     output weighted by the token's routing weight for it (zero off its top-k) and summed in float32. Static
@@ -88,14 +85,17 @@ class DenseExperts(nn.Cell):
         if self.upcast:
             x, w_gate_up, w_down = x.astype(mstype.float32), w_gate_up.astype(mstype.float32), w_down.astype(
                 mstype.float32)
-        one_hot = ops.one_hot(ids, experts, _ONE, _ZERO)  # [T, k, E]
-        dense = (one_hot * weights.expand_dims(-1)).sum(1)  # [T, E]: the routing weight of every expert
+        # [E, T, k] one-hot by comparison, and [E, T]: the routing weight of every expert (no OneHot, which takes
+        # no empty tensor, and no Transpose, which writes nothing on the runs after an empty one on the CPU)
+        one_hot = (ops.arange(experts, dtype=mstype.int32).reshape(experts, 1, 1) == ids.expand_dims(0)).astype(
+            mstype.float32)
+        dense = (one_hot * weights.expand_dims(0)).sum(-1)
         xe = ops.broadcast_to(x.expand_dims(0), (experts, tokens, hidden))  # [E, T, H]
         h = self.act(self.bmm(xe, w_gate_up).astype(dtype))  # [E, T, 2I] -> [E, T, I]
         if self.upcast:
             h = h.astype(mstype.float32)
         y = self.bmm(h, w_down).astype(dtype).astype(mstype.float32)  # [E, T, H]
-        return (y * dense.T.expand_dims(-1)).sum(0).astype(dtype)  # -> [T, H]
+        return (y * dense.expand_dims(-1)).sum(0).astype(dtype)  # -> [T, H]
 
 
 def materialised_bytes(n, hidden, inter, itemsize):

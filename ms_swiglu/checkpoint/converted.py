@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 
+from ms_swiglu import paths
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
 from ms_swiglu.checkpoint import hf
 from ms_swiglu.checkpoint.hf import load_dense_layer, load_moe_layer, parse_config
@@ -139,7 +140,7 @@ class ConvertedFile:
                 raise CheckpointError(f"checkpoint: expected {path}, found only the rank files of a tensor-parallel "
                                       f"conversion ({os.path.basename(found[0])}, ...): run takes them with their "
                                       f"--tp-size; export takes a conversion without --tp-size")
-        if not os.path.isfile(self.path):
+        if not os.path.isfile(paths.input_file(self.path, "checkpoint")):
             raise CheckpointError(f"checkpoint: expected a converted file {self.path}, found none")
         self._folder = SafetensorsFolder(self.path)
         meta = self._folder.metadata(self.path)

@@ -11,6 +11,7 @@ import struct
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from ms_swiglu import paths
 from ms_swiglu.errors import InputError
 from ms_swiglu.outputs import OutputSet
 
@@ -30,6 +31,7 @@ class SafetensorsFolder:
         index = os.path.join(folder, "model.safetensors.index.json")
         single = os.path.join(folder, "model.safetensors")
         if os.path.exists(index):
+            paths.input_file(index, "checkpoint")
             try:
                 with open(index) as f:
                     self.weight_map = dict(json.load(f)["weight_map"])
@@ -64,6 +66,7 @@ class SafetensorsFolder:
 
     @staticmethod
     def _validate(path):
+        paths.input_file(path, "checkpoint")
         try:
             with safe_open(path, framework="numpy") as f:
                 names = list(f.keys())

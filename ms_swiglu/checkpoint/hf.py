@@ -22,6 +22,7 @@ import os
 
 import numpy as np
 
+from ms_swiglu import paths
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
 from ms_swiglu.packing import check_tp, group_size, pack_gate_up
 
@@ -103,6 +104,15 @@ class ModelConfig:
 
     def is_moe_layer(self, layer):
         return layer in self.sparse_layers
+
+    def layer_parameters(self, layer):
+        """How many weights one layer's MLP or MoE block holds (router and shared expert included)."""
+        h = self.hidden_size
+        if not self.is_moe_layer(layer):
+            return 3 * h * self.intermediate_size
+        m = self.moe
+        return m.num_experts * (3 * h * m.intermediate_size + h) + 3 * h * m.shared_intermediate_size + (
+            h if m.shared_expert_gate else 0)
 
     def check_tp(self, tp_size, layers=None, quant=None):
         """ValueError unless tp_size divides every intermediate size the layers (default: all) split, and (int8
@@ -187,8 +197,8 @@ def read_config(folder):
 def read_config_json(folder):
     """(the :class:`ModelConfig` of a checkpoint folder, config.json's contents as read)."""
     if not os.path.isdir(folder):
-        raise CheckpointError(f"checkpoint: expected a folder, got {folder!r} (not found)")
-    path = os.path.join(folder, "config.json")
+        raise CheckpointError(f"checkpoint: expected a folder, got {folder!r} ({paths.kind(folder) or 'not found'})")
+    path = paths.input_file(os.path.join(folder, "config.json"), "checkpoint")
     try:
         with open(path) as f:
             raw = json.load(f)

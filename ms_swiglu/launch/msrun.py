@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from ms_swiglu.outputs import copy_into
 from ms_swiglu.processes import alive, safe_environment
 
 from ms_swiglu.errors import InputError
@@ -86,6 +87,17 @@ def _failed_worker(log_dir):
     return None
 
 
+def _wait(proc, log_dir):
+    """Wait for msrun; the first failed worker (see :func:`_failed_worker`) as soon as its log shows it."""
+    bad = None
+    while proc.poll() is None and bad is None:  # a failed rank ends the job at once, not at msrun's pace
+        try:
+            proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            bad = _failed_worker(log_dir)
+    return bad
+
+
 def launch(args, x, out):
     """Run the worker script (:data:`WORKER`) on ``args.tp_size`` ranks with the input ``x`` and rank 0 writing
     ``out``; relay rank 0's result lines. ``args``: the ``ms-swiglu run`` options."""
@@ -95,32 +107,26 @@ def launch(args, x, out):
     if msrun is None:
         raise InputError("msrun: expected MindSpore's launcher on PATH (it comes with mindspore), found none")
     port = _free_port(args.master_port)
-    work = _job_folder()
-    log_dir = os.path.abspath(args.log_dir) if args.log_dir else os.path.join(work, "logs")
-    os.makedirs(log_dir, exist_ok=True)
-    np.save(os.path.join(work, "input.npy"), x)
-    worker_args = ["--checkpoint", os.path.abspath(args.checkpoint), "--layer", str(args.layer),
-                   "--input", os.path.join(work, "input.npy"), "--backend", args.backend, "--repeat", str(args.repeat),
-                   "--tp-size", str(args.tp_size)]
-    if out:
-        worker_args += ["--output", out] + (["--force"] if args.force else [])
-    if args.dtype:
-        worker_args += ["--dtype", args.dtype]
-    if args.quantize:
-        worker_args += ["--quantize", args.quantize]
-    cmd = [msrun, f"--worker_num={args.tp_size}", f"--local_worker_num={args.tp_size}", f"--master_port={port}",
-           f"--log_dir={log_dir}", "--join=True", WORKER, *worker_args]
-    env = safe_environment(dict(os.environ, PATH=path))  # msrun starts `python` from PATH: this interpreter's
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env=env, cwd=work)  # the job folder: compile files stay out of the user's folder
-    failed = False
+    work, proc, failed = _job_folder(), None, False
     try:
-        bad = None
-        while proc.poll() is None and bad is None:  # a failed rank ends the job at once, not at msrun's pace
-            try:
-                proc.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                bad = _failed_worker(log_dir)
+        log_dir = os.path.abspath(args.log_dir) if args.log_dir else os.path.join(work, "logs")
+        os.makedirs(log_dir, exist_ok=True)
+        np.save(os.path.join(work, "input.npy"), x)
+        worker_args = ["--checkpoint", os.path.abspath(args.checkpoint), "--layer", str(args.layer),
+                       "--input", os.path.join(work, "input.npy"), "--backend", args.backend,
+                       "--repeat", str(args.repeat), "--tp-size", str(args.tp_size)]
+        if out:  # rank 0 writes into the job folder; this process puts it in place (whole, or not at all)
+            worker_args += ["--output", os.path.join(work, "output.npy")]
+        if args.dtype:
+            worker_args += ["--dtype", args.dtype]
+        if args.quantize:
+            worker_args += ["--quantize", args.quantize]
+        cmd = [msrun, f"--worker_num={args.tp_size}", f"--local_worker_num={args.tp_size}",
+               f"--master_port={port}", f"--log_dir={log_dir}", "--join=True", WORKER, *worker_args]
+        env = safe_environment(dict(os.environ, PATH=path))  # msrun starts `python` from PATH: this interpreter's
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                env=env, cwd=work)  # the job folder: compile files stay out of the user's folder
+        bad = _wait(proc, log_dir)
         status = proc.returncode if proc.returncode is not None else 1
         bad = bad or _failed_worker(log_dir)
         if status != 0 or bad:
@@ -131,14 +137,19 @@ def launch(args, x, out):
             raise LaunchError(f"msrun exited with status {status} (logs: {log_dir})")
         with open(os.path.join(log_dir, "worker_0.log"), errors="replace") as f:
             for line in f:
-                if line.startswith(("device ", "wrote ")):
+                if line.startswith("device "):
                     print(line.rstrip())
+        if out:
+            copy_into(out, os.path.join(work, "output.npy"), args.force)
+            print(f"wrote {out}")
         return 0
     finally:
-        _end_job(proc, work)
+        if proc is not None:
+            _end_job(proc, work)
         if failed:  # the logs stay for diagnosis, named in the error line; the next run prunes them
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(work, "input.npy"))
+            for name in ("input.npy", "output.npy"):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(work, name))
         else:  # done, or interrupted: nothing to keep
             shutil.rmtree(work, ignore_errors=True)
 

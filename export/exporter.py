@@ -1,15 +1,18 @@
-"""``ms-swiglu export``: a verified MindIR of a packed MLP (or a stack of FFN blocks) and an Ascend kit.
+"""``ms-swiglu export``: a MindIR of a packed MLP (or a stack of FFN blocks) and its kit for the device.
 
 Targets:
-    ascend    the builtin ``Swiglu`` (and MindSpore's MoE primitives), no Custom op; for Atlas A2/A3 (--chip):
-              expected to deploy with MindSpore Lite's converter_lite; not run on hardware here
+    ascend    the builtin ``Swiglu`` (and MindSpore's MoE primitives), no Custom op; for the Ascend chips and dtypes
+              of ``ms_swiglu.backends.ascend_support``, through MindSpore's own runtime (docs/ascend.md)
     portable  split + silu + mul only: runs wherever MindSpore / MindSpore Lite runs
-    cpu       the project's aot kernel: a Custom op bound to this host's .so, NOT deployable
+    cpu       the package's aot kernel: a Custom op bound to this host's .so, not deployable
 
-Every export is verified before it is moved into place: the MindIR is read back and its op types checked
-(ascend: an allow-list, never Custom), and portable/cpu MindIRs are loaded in a fresh process and run on the
-golden inputs at two token counts. Files are built in a temporary folder and renamed into the output
-folder; existing artifacts are kept unless ``force``; other files in the folder are never touched.
+Every graph is straight-line (no token is handled before it, by the Cells). Every export is checked before it is
+moved into place: the MindIR is read back and its op types checked (ascend: an allow-list and the support table,
+never Custom); golden outputs are computed in float32 from exactly the weights and inputs the device gets; a
+computation in the dtype is held against them by the acceptance criterion (``verify_on_device``): the reloaded
+MindIR where it runs here (portable, cpu), else the CPU twin of the network. Files are built in a temporary folder
+and renamed into the output folder; an existing export is replaced only with ``force``; files of no export there
+are never touched.
 """
 import contextlib
 import dataclasses
@@ -24,23 +27,24 @@ import tempfile
 import numpy as np
 
 from ms_swiglu import backends
-from ms_swiglu.backends import chips
+from ms_swiglu.backends import ascend_support, chips
 from ms_swiglu.checkpoint import read_config, to_bf16_bits
-from ms_swiglu.config import TOLERANCE as TOL, preset as preset_shape
+from ms_swiglu.config import preset as preset_shape
 from ms_swiglu.errors import InputError
 from ms_swiglu.packing import group_size
 from ms_swiglu import paths, processes, signals
 from ms_swiglu.processes import alive, python
 from ms_swiglu.export.kit import AIR_DEFAULT_SHAPE, atc_command, converter_command, converter_config, write_scripts
-from ms_swiglu.export.mindir import graph_io, int8_parameters, op_types
+from ms_swiglu.export.chain import chain
+from ms_swiglu.export.mindir import int8_parameters, op_types, rename_input
+from ms_swiglu.export.verify_on_device import UNIT_ROUNDOFF, acceptance, check
 
 # export target -> the backend whose graph it exports
 TARGETS = {"ascend": "ascend", "portable": "composite", "cpu": "cpu"}
-# T of CANN's operator precision standard per dtype (2^-13, 2^-10, 2^-7): an NPU's GEMM sums in another order and
-# may not meet the CPU's one-rounding tolerance at H=4096; the device check uses this instead
-DEVICE_T = {"float32": 2.0 ** -13, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
 WORK_PREFIX = ".ms_swiglu-export-"
-ARTIFACTS = ("manifest.json", "converter_lite.cfg", "convert_om.sh", "export_air.sh", "golden")
+INPUT_NAME = "x"  # the MindIR's input, renamed: MindSpore's own names hold ":", converter_lite's separator
+ARTIFACTS = ("manifest.json", "converter_lite.cfg", "convert_lite.sh", "export_air.sh", "verify_on_device.py", "golden")
+KIT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verify_on_device.py")
 
 
 def _quant_format(quant):
@@ -193,21 +197,77 @@ def _check_int8(net, mindir, found, target):
                                 f"got op types {found}")
 
 
-def _verify_in_fresh_process(mindir, golden, dtype):
-    """Load the MindIR with mindspore.load + nn.GraphCell in a new interpreter and run the golden inputs."""
-    with _ms_path(mindir) as path:
-        if path != mindir:
-            shutil.copyfile(mindir, path)
-        proc = processes.run(python("ms_swiglu.export.verify", path, golden, dtype), timeout=1800)
-    try:
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise VerificationError(f"export: expected the reloaded MindIR to run, got exit {proc.returncode}: {tail}") from None
-    if not result["ok"]:
-        raise VerificationError(f"export: expected the reloaded MindIR to match the Cell within {TOL[dtype]}, "
-                          f"got {result['cases']}")
-    return result
+def _verify_kit(work, model_file):
+    """Run the kit's verify_on_device.py on the CPU in a new interpreter (MindIR loaded with mindspore.load +
+    nn.GraphCell); its per-case lines."""
+    with _ms_path(os.path.join(work, model_file)) as path:
+        if path != os.path.join(work, model_file):  # MindSpore's loader refuses the folder's name: a copy
+            shutil.copyfile(os.path.join(work, model_file), path)
+            kit = os.path.dirname(path)
+            for name in os.listdir(work):
+                if name != model_file:
+                    os.symlink(os.path.join(work, name), os.path.join(kit, name))
+        else:
+            kit = work
+        proc = processes.run(python("ms_swiglu.export.verify_on_device", kit, "--device", "CPU", "--calls", "1"),
+                             timeout=1800)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("case ", "verify_on_device"))]
+    if proc.returncode != 0:
+        tail = (lines or proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise VerificationError(f"export: expected the reloaded MindIR to pass the acceptance criterion, got exit "
+                                f"{proc.returncode}: {tail}")
+    return lines
+
+
+def _golden_net(req, net):
+    """The network in float32 on the composite backend holding exactly ``net``'s stored weights (widened; int8
+    weights and their float32 scales as they are): the golden outputs' computation, no intermediate rounding."""
+    import mindspore as ms  # noqa: PLC0415
+
+    gold = _build(dataclasses.replace(req, dtype="float32"), "composite")[0]
+    stored = dict(net.parameters_and_names())
+    # experts stored [E, in, out] (the ascend backend's layout: StackedExperts.in_out) go back to [E, out, in]
+    in_out = {f"{prefix}.{name}" for prefix, cell in net.cells_and_names() if getattr(cell, "in_out", False)
+              for name in ("gate_up_proj", "down_proj")}
+    for name, p in gold.parameters_and_names():
+        if name not in stored:
+            raise VerificationError(f"export: expected parameter {name} in the exported network, got none")
+        w = stored[name]
+        a = w.asnumpy() if w.dtype == ms.int8 else w.astype(ms.float32).asnumpy()
+        if name in in_out:
+            a = np.ascontiguousarray(np.swapaxes(a, -1, -2))
+        if a.shape != tuple(p.shape):
+            raise VerificationError(f"export: expected {name} of shape {tuple(p.shape)}, got {a.shape}")
+        p.set_data(ms.Tensor(a, dtype=p.dtype))
+    gold.set_train(False)
+    return gold
+
+
+def _ambiguous_tokens(gold, twin, x32, xd, dtype):
+    """Tokens of a top-level MoE block whose experts a correct device may choose otherwise: the last chosen and the
+    first passed-over router score within 8 roundings of a tie (the logits rounded to the dtype by softmax routers,
+    summed over H in float32 by DeepSeek's), or a top-k that differs between the golden network and the
+    computation in the dtype. A device that takes the other expert is off by a whole expert's output there."""
+    from ms_swiglu.moe import PackedMoE  # noqa: PLC0415
+    from ms_swiglu.routers import SigmoidGroupTopK  # noqa: PLC0415
+
+    if not isinstance(gold, PackedMoE):
+        return []
+    h, k, router = x32.shape[-1], gold.top_k, gold.router
+    x = x32.asnumpy().reshape(-1, h).astype(np.float64)
+    scores = x @ router.weight.asnumpy().astype(np.float64).T  # [T, E]
+    if isinstance(router, SigmoidGroupTopK):
+        scores = 1 / (1 + np.exp(-scores)) + router.e_score_correction_bias.asnumpy()
+        u = 2.0 ** -24 * np.sqrt(h)
+    else:
+        u = UNIT_ROUNDOFF[dtype] + 2.0 ** -24 * np.sqrt(h)
+    ranked = -np.sort(-scores, -1)
+    near = np.zeros(len(x), bool)
+    if k < scores.shape[-1]:
+        near = ranked[:, k - 1] - ranked[:, k] <= 8 * u * (np.abs(ranked[:, k - 1]) + np.abs(ranked[:, k]))
+    a = np.sort(gold.router(x32.reshape(-1, h))[1].asnumpy(), -1)
+    b = np.sort(twin.router(xd.reshape(-1, h))[1].asnumpy(), -1)
+    return [int(t) for t in np.nonzero(near | (a != b).any(-1))[0]]
 
 
 def _prepare_output(req, names):
@@ -285,8 +345,9 @@ def export(req):
         raise ExportError(f"--chip: expected one of {', '.join(chips.BY_KEY)}, got {req.chip!r}")
     chip = chips.BY_KEY[req.chip]
     if req.target == "ascend" and not chip.swiglu:
-        raise ExportError(f"--target ascend: expected a chip with the builtin Swiglu (Atlas A2/A3), got {chip.name}; "
-                          f"export --target portable for it")
+        raise ExportError(f"--target ascend: expected a chip CANN documents the builtin Swiglu for "
+                          f"({', '.join(ascend_support.SUPPORT['Swiglu'].dtypes)}), got {chip.name}; export --target "
+                          f"portable for it")
     ms.set_context(mode=ms.GRAPH_MODE)
     net, hidden, inter, model = _build(req, TARGETS[req.target])
     req.dtype = str(param_dtype(net)).lower()  # None above: the checkpoint's dtype
@@ -303,8 +364,10 @@ def export(req):
     out = _prepare_output(req, (model_file,) + ARTIFACTS)
     backend = backends.get(TARGETS[req.target])
     runs_here = backend.runs_on(device)
-    # e.g. Swiglu has no CPU kernel: the golden outputs come from the cpu twin (int8: its kernels) or composite
-    ref = net if runs_here else _build(req, "cpu" if req.quant and device == "CPU" else "composite")[0]
+    # the dtype computation held against the golden outputs here: the network itself where it runs on this
+    # device, else its twin (e.g. Swiglu has no CPU kernel: the cpu backend (int8: its kernels) or composite)
+    twin = net if runs_here else _build(req, "cpu" if req.quant and device == "CPU" else "composite")[0]
+    gold = _golden_net(req, net)
 
     with _locked(out):
         _prepare_output(req, (model_file,) + ARTIFACTS)  # again, under the lock: another export may have ended
@@ -321,86 +384,110 @@ def export(req):
             if fmt == "MINDIR":
                 _check_ops(found, req.target)
                 _check_int8(net, os.path.join(work, model_file), found, req.target)
-            io = graph_io(os.path.join(work, model_file)) if fmt == "MINDIR" else {"inputs": [], "outputs": []}
-
-            golden_dir = os.path.join(work, "golden")
-            os.mkdir(golden_dir)
-            golden = []
-            for case, (b, s, _) in enumerate(_golden_shapes(req)):
-                rng = np.random.default_rng(req.seed * 1000 + case)
-                x = ms.Tensor(rng.standard_normal((b, s, hidden)).astype(np.float32)).astype(ms_dtype)
-                y = ref(x)
-                entry = {"case": case, "tokens": b * s, "shape": [b, s, hidden]}
-                for role, t in (("input", x), ("output", y)):
-                    values, raw = _raw(t, req.dtype)
-                    stem = os.path.join(golden_dir, f"{role}_{case}_t{b * s}")
-                    np.save(stem + ".npy", values)
-                    with open(stem + ".bin", "wb") as f:
-                        f.write(raw)
-                    entry[role] = {"npy": os.path.relpath(stem + ".npy", work), "bin": os.path.relpath(stem + ".bin", work),
-                                   "bin_dtype": req.dtype, "npy_dtype": "float32 (exact values)"}
-                golden.append(entry)
-
-            atol, rtol = TOL[req.dtype]
-            device_t = DEVICE_T[req.dtype]
-            if not runs_here:
-                numerics = {"ok": None, "not_run": f"the {backend.name} backend has no {device} kernel: run the golden "
-                                                  f"files on the device (ais_bench/msame read the .bin files)"}
-            else:
-                numerics = _verify_in_fresh_process(os.path.join(work, model_file), golden_dir, req.dtype)
+                rename_input(os.path.join(work, model_file), INPUT_NAME)  # a name converter_lite's syntax takes
+            if req.target == "ascend":
+                why = ascend_support.refusal(found, chip.key, req.dtype)
+                if why:
+                    raise ExportError(f"--target ascend --chip {chip.key}: {why}; export --target portable for it")
+            criterion = acceptance(req.dtype, **chain(net))
+            golden, twin_cases = _write_golden(req, work, hidden, gold, twin, criterion)
+            shutil.copyfile(KIT_SCRIPT, os.path.join(work, "verify_on_device.py"))
             deployable = bool(backend.deployable)
-            deployment = (f"{backend.deployable}; kit for {chip.name}" if deployable else
-                          f"no: the MindIR holds a Custom aot op bound to {_kernel_note()}; run it on this host with "
-                          f"MindSpore only")
-            input_name = io["inputs"][0]["name"] if io["inputs"] else "x"
+            paths = _runtime_paths(req.target, found)
             with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
-                f.write(converter_config(input_name, shape, req.dtype, chip))
-            converter = converter_command(name, input_name, shape)
+                f.write(converter_config(INPUT_NAME, shape, req.dtype, chip))
+            converter = converter_command(name, INPUT_NAME, shape)
             air_name = dataclasses.replace(req, static_shape=req.static_shape or AIR_DEFAULT_SHAPE, air=True).name(model)
-            write_scripts(work, name, req, converter, air_name, deployable, chip)
+            write_scripts(work, name, req, converter, air_name, deployable, chip, paths["ge"]["missing"])
 
             manifest = {
                 "name": name, "format": fmt, "model_file": model_file, "target": req.target, "deployable": deployable,
-                "deployment": deployment,
-                "deployment_path": "convert_om.sh (MindSpore Lite converter_lite, MindIR -> Ascend); export_air.sh "
-                                   "(AIR + ATC) is the deprecated second path" if deployable else None,
+                "runtime_paths": paths,
                 "chip": {"name": chip.name, "key": chip.key, "soc_family": chip.soc_family} if req.target != "cpu" else None,
-                "source": {"checkpoint": os.path.abspath(req.checkpoint) if req.checkpoint else None,
+                "source": {"checkpoint": os.path.basename(os.path.normpath(req.checkpoint)) if req.checkpoint else None,
                            "preset": req.preset, "seed": None if req.checkpoint else req.seed, "model": model,
                            "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP or MoE -> residual)"
                            if req.stack else type(net).__name__},
                 "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype, "moe": _moe_note(req),
                 "weights": {"quant": req.quant, "format": _quant_format(req.quant)} if req.quant else {"quant": None},
-                "inputs": [{"name": input_name, "shape": shape, "dtype": req.dtype, "dynamic": [i for i, d in
-                                                                                            enumerate(shape) if d < 0]}],
+                "inputs": [{"name": INPUT_NAME, "shape": shape, "dtype": req.dtype, "dynamic": [i for i, d in
+                                                                                            enumerate(shape) if d < 0],
+                            "tokens": {"min": 1, "max": None}}],
                 "outputs": [{"shape": shape, "dtype": req.dtype}],
+                "zero_tokens": "not in the graph: the Cells return [..., 0, H] without calling it",
                 "op_types": found,
                 "golden": golden,
-                "tolerance": {
-                    "cpu_reload": {"atol": atol, "rtol": rtol, "note": "the reloaded MindIR against the Cell on this "
-                                   "host's CPU (ms_swiglu.config.TOLERANCE: one rounding to the dtype)"},
-                    "device": {"mean_relative_error": device_t, "max_relative_error": 10 * device_t,
-                               "note": "for the golden files on the device: CANN's open-source operator precision "
-                                       "standard (hicann/opbase docs/zh/ops_precision_standard/experimental_standard.md: "
-                                       "MERE < T and MARE < 10 T, relative error |out - golden| / (|golden| + 1e-7)); "
-                                       "not run on hardware here"}},
-                "verification": {"op_types": "ok",
+                "acceptance": criterion,
+                "checked": {"graph": True, "golden": "cpu twin" if not runs_here else "reloaded MindIR on the CPU",
+                            "device": False},
+                "verification": {"op_types": "ok", "straight_line": True,
                                  "allowed_ops": sorted(backend.allowed_ops) if backend.allowed_ops else None,
-                                 "numerics": numerics},
+                                 "cpu_twin": twin_cases},
                 "converter_command": converter,
                 "atc_command": atc_command(air_name),
                 "files": {},
             }
-            for root, _, files in os.walk(work):
-                for fname in sorted(files):
-                    path = os.path.join(root, fname)
-                    manifest["files"][os.path.relpath(path, work)] = _sha256(path)
-            with open(os.path.join(work, "manifest.json"), "w") as f:
-                json.dump(manifest, f, indent=1)
+            _write_manifest(work, manifest)
+            if runs_here and fmt == "MINDIR":
+                manifest["verification"]["reloaded"] = _verify_kit(work, model_file)
+                _write_manifest(work, manifest)
             _move_into_place(work, out, [model_file] + list(ARTIFACTS), _earlier_export(out))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return manifest
+
+
+def _write_manifest(work, manifest):
+    """manifest.json with the sha256 of every other file of the kit."""
+    manifest["files"] = {}
+    for root, _, files in os.walk(work):
+        for fname in sorted(files):
+            path = os.path.join(root, fname)
+            if os.path.relpath(path, work) != "manifest.json":
+                manifest["files"][os.path.relpath(path, work)] = _sha256(path)
+    with open(os.path.join(work, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+def _write_golden(req, work, hidden, gold, twin, criterion):
+    """The golden cases into ``work``/golden: inputs in the dtype (.bin) and as exact float32 values (.npy), outputs
+    of the float32 golden network (.npy, .bin float32). Returns (the manifest's golden entries, the dtype twin's
+    result per case by the criterion); a twin that fails it is a bug (VerificationError)."""
+    import mindspore as ms  # noqa: PLC0415
+
+    golden_dir = os.path.join(work, "golden")
+    os.mkdir(golden_dir)
+    entries, cases = [], []
+    for case, (b, s, _) in enumerate(_golden_shapes(req)):
+        rng = np.random.default_rng(req.seed * 1000 + case)
+        x = ms.Tensor(rng.standard_normal((b, s, hidden)).astype(np.float32)).astype(getattr(ms, req.dtype))
+        x_values, x_raw = _raw(x, req.dtype)
+        y = gold(ms.Tensor(x_values)).asnumpy()  # float32, from the values the device gets
+        excluded = _ambiguous_tokens(gold, twin, ms.Tensor(x_values), x, req.dtype)
+        result = check(twin(x).astype(ms.float32).asnumpy(), y, criterion, excluded)
+        cases.append(dict(result, case=case))
+        if not result["ok"]:
+            raise VerificationError(f"export: expected the {req.dtype} computation to pass the acceptance criterion "
+                                    f"against the float32 golden outputs, got {result}")
+        entry = {"case": case, "tokens": b * s, "shape": [b, s, hidden], "excluded_tokens": excluded}
+        for role, values, raw, dtype in (("input", x_values, x_raw, req.dtype), ("output", y, y.tobytes(), "float32")):
+            stem = os.path.join(golden_dir, f"{role}_{case}_t{b * s}")
+            np.save(stem + ".npy", values)
+            with open(stem + ".bin", "wb") as f:
+                f.write(raw)
+            entry[role] = {"npy": os.path.relpath(stem + ".npy", work), "bin": os.path.relpath(stem + ".bin", work),
+                           "bin_dtype": dtype, "npy_dtype": "float32"}
+        entries.append(entry)
+    return entries, cases
+
+
+def _runtime_paths(target, found):
+    """Which runtime path has evidence of taking the graph (docs/ascend.md): the support table's for ``ascend``;
+    the common ops of ``portable`` have both an aclnn kernel and a GE adapter; ``cpu`` deploys nowhere."""
+    if target == "ascend":
+        return ascend_support.paths(found)
+    ok = target == "portable"
+    return {path: {"evidence": ok, "missing": [] if ok else ["Custom"]} for path in ascend_support.PATHS}
 
 
 def _moe_note(req):
@@ -420,12 +507,6 @@ def _remove_stale_work(folder):
         pid = entry[len(WORK_PREFIX):].split("-")[0]
         if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
-
-
-def _kernel_note():
-    from ms_swiglu.backends.cpu.kernels import library_path  # noqa: PLC0415
-
-    return library_path()
 
 
 def _earlier_export(out):

@@ -57,6 +57,20 @@ def graph_io(path):
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
 
 
+def rename_input(path, name):
+    """Rename the main graph's (single) input of the MindIR at ``path`` to ``name``, in place."""
+    model = _model(path)
+    old = model.graph.input[0].name
+    for graph in [model.graph, *model.functions]:
+        for node in graph.node:
+            for i, value in enumerate(node.input):
+                if value == old:
+                    node.input[i] = name
+    model.graph.input[0].name = name
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+
+
 def int8_parameters(path):
     """``{name: shape}`` of a MindIR's int8 weights (weight-only quantized projections)."""
     return {p.name: list(p.dims) for p in _model(path).graph.parameter if p.data_type == mind_ir_pb2.TensorProto.INT8}

@@ -174,15 +174,17 @@ def cmd_export(args):
                         chip=args.chip, static_shape=static, quant=args.quantize)
     manifest = export(req)
     out = os.path.abspath(args.output_dir)
-    numerics = manifest["verification"]["numerics"]
-    checked = ("not run here (" + numerics["not_run"] + ")" if numerics.get("ok") is None else
-               "reloaded in a fresh process: " + ", ".join(f"{c['shape']} max err {c['max_abs_err']:.2e}"
-                                                           for c in numerics["cases"]))
+    checked = manifest["checked"]
+    golden = {"cpu twin": "golden outputs against the cpu twin",
+              "reloaded MindIR on the CPU": "golden outputs against the MindIR reloaded on the CPU"}[checked["golden"]]
     print(f"wrote {os.path.join(out, manifest['model_file'])} (target {manifest['target']}, {manifest['dtype']}, "
           f"input {manifest['inputs'][0]['shape']})")
-    print(f"deployment: {manifest['deployment']}")
     print(f"op types: {', '.join(manifest['op_types'])}")
-    print(f"numerics: {checked}")
+    paths = ", ".join(f"{path} {'yes' if p['evidence'] else 'no (' + ', '.join(p['missing']) + ')'}"
+                      for path, p in manifest["runtime_paths"].items())
+    print(f"runtime paths with evidence for every op: {paths}")
+    print(f"checked: graph (op types, straight-line), {golden}, device: {'yes' if checked['device'] else 'no'} "
+          f"(on the device: python verify_on_device.py in {out})")
     return 0
 
 

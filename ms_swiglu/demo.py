@@ -1,4 +1,4 @@
-"""The main job, end to end on this machine: a LLaMA-7B-shaped packed MLP (H=4096, I=11008) with seeded
+"""The main job, end to end on the CPU: a LLaMA-7B-shaped packed MLP (H=4096, I=11008) with seeded
 random weights, run in GRAPH_MODE for 1 and 512 tokens, checked against the unpacked three-Dense baseline
 with the same weights, with the latencies of both; then exported as bfloat16 MindIR for Ascend (builtin
 Swiglu, op types verified) and as its portable twin (reloaded in a fresh process and checked on the golden
@@ -82,16 +82,13 @@ def _export(preset_name, folder):
         t0 = time.perf_counter()
         m = export(ExportRequest(output_dir=os.path.join(folder, target), target=target, preset=preset_name,
                                  dtype="bfloat16", force=True))
-        numerics = m["verification"]["numerics"]
-        checked = ("numerics not run here (no CPU Swiglu kernel)" if numerics["ok"] is None else
-                   "reloaded and matched: " + ", ".join(f"{c['shape']} err {c['max_abs_err']:.1e}"
-                                                        for c in numerics["cases"]))
+        cases = m["verification"].get("reloaded") or [f"case {c['case']}: {'pass' if c['ok'] else 'FAIL'}: mean e "
+                                                        f"{c['mean']:.1e}" for c in m["verification"]["cpu_twin"]]
         print(f"exported {os.path.join(folder, target, m['model_file'])} in {time.perf_counter() - t0:.1f} s: "
               f"ops {', '.join(o for o in m['op_types'] if o in ('MatMul', 'Swiglu', 'Split', 'SiLU', 'Mul'))}; "
-              f"{checked}")
-        if numerics["ok"] is False:
-            return False
-    return True
+              f"golden outputs against the {m['checked']['golden']}: "
+              f"{'; '.join(c.split(', max e')[0] for c in cases)}")
+    return True  # an export whose check fails raises
 
 
 if __name__ == "__main__":

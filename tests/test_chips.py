@@ -11,7 +11,7 @@ from ms_swiglu.config import to_dtype
 TABLE = {
     "ascend910b": ("ascend", True),  # Atlas A2 (910B1..B4)
     "ascend910_93": ("ascend", True),  # Atlas A3
-    "ascend310p": ("composite", False),  # Atlas inference series: no documented Swiglu in MindSpore, no bf16
+    "ascend310p": ("ascend", False),  # Atlas inference series: aclnnSwiGlu in float16/float32, no bf16
     "ascend910": ("composite", False),  # Atlas training series (910A): no Swiglu, no bf16
     "ascend310b": ("composite", False),  # Atlas 200I/500 A2
     "ascend999x": ("composite", False),  # unknown: nothing assumed
@@ -24,7 +24,8 @@ def test_auto_backend_and_bfloat16_per_chip(soc, monkeypatch):
     chip = chips.chip_of(soc)
     monkeypatch.setattr(chips, "current", lambda: chip)
     if want_backend == "composite":
-        with pytest.warns(RuntimeWarning, match="documented for Atlas A2/A3 only; using the composite backend"):
+        with pytest.warns(RuntimeWarning, match="documents the builtin Swiglu for atlas-a2, atlas-a3, atlas-310p only; "
+                                                "using the composite backend"):
             assert backends.resolve("auto").name == "composite"
     else:
         assert backends.resolve("auto").name == "ascend"
@@ -47,7 +48,7 @@ def test_off_ascend_auto_is_cpu_and_every_dtype_builds():
 def test_chip_keys_and_families_are_one_table():
     assert [c.key for c in chips.CHIPS] == list(chips.BY_KEY) and chips.DEFAULT.name == "Atlas A2"
     assert {c.soc_family for c in chips.CHIPS} == set(chips.BY_FAMILY)
-    assert [c.name for c in chips.CHIPS if c.swiglu] == ["Atlas A2", "Atlas A3"]
+    assert [c.name for c in chips.CHIPS if c.swiglu] == ["Atlas A2", "Atlas A3", "Atlas inference series (310P)"]
     assert [c.name for c in chips.CHIPS if c.bfloat16] == ["Atlas A2", "Atlas A3"]
 
 

@@ -1,5 +1,5 @@
 """The ascend backend: MindSpore's MatMul in the model dtype, then the builtin ``Swiglu`` (aclnnSwiGlu), for
-Atlas A2/A3. Not run on hardware here: no NPU on the machine this package is tested on. Graphs with it compile and
+the Ascend chips of ``ascend_support`` (no NPU has run it: docs/ascend.md). Graphs with it compile and
 export to MindIR on the CPU; the exporter checks their op types against :data:`ASCEND_OPS`."""
 import mindspore as ms
 from mindspore import nn, ops
@@ -43,7 +43,7 @@ class WeightQuantLinear(nn.Cell):
     stored ([M, K]: ``transpose_weight``), the scales in the activations' dtype, as the op takes them: per-channel
     ``[M]``, or per group (``antiquant_group_size``) ``[ceil(K / group), M]`` (the op's documented per-group
     shape, which vllm-ascend passes too; ours ``[M, G]`` transposed). The op takes a group size in [32, K - 1]:
-    where a row is one group (K = 128), its scales go in per-channel. Not run on hardware here.
+    where a row is one group (K = 128), its scales go in per-channel.
 
     Shapes:
         x: [T, K]    w: [M, K] int8    scale: [M] (int8-g128: [M, K/128])    out: [T, M]
@@ -73,8 +73,8 @@ def _linear(dtype, swiglu, quant=None):
 
 
 class GroupedExperts(nn.Cell):
-    """The routed experts with MindSpore's MoE primitives for Atlas A2/A3 (mindformers' inference chain), not
-    run on hardware here: MoeInitRoutingV2 (dropless: the T k rows grouped by expert, stably, and each expert's
+    """The routed experts with MindSpore's MoE primitives for Atlas A2/A3 (mindformers' inference chain):
+    MoeInitRoutingV2 (dropless: the T k rows grouped by expert, stably, and each expert's
     row count) -> GroupedMatmulV4 -> Swiglu -> GroupedMatmulV4 -> MoeTokenUnpermute (each token's k rows
     weighted and summed). int8 experts: GroupedMatmulV4 with per-channel antiquant scales [E, out].
     GroupedMatmulV4 computes x W_e with W_e [in, out] and has no transpose, so this backend stores the stacked
@@ -111,7 +111,7 @@ class GroupedExperts(nn.Cell):
 
 BACKEND = Backend(
     name="ascend",
-    summary="MindSpore's MatMul, then the builtin Swiglu (Atlas A2/A3; not run on hardware here)",
+    summary="MindSpore's MatMul, then the builtin Swiglu (Ascend: docs/ascend.md)",
     swiglu=lambda: SwiGLUOp(swiglu),
     linear=_linear,
     experts=GroupedExperts,
@@ -120,7 +120,7 @@ BACKEND = Backend(
     recomputable=True,
     upcasts_on_cpu=False,
     dynamic_shapes=True,
-    deployable="expected on Atlas A2/A3 with MindSpore Lite; not run on hardware here",
+    deployable="Ascend through MindSpore's runtime (docs/ascend.md)",
     graph_ops=frozenset({"Swiglu"}),
     activation_bytes=materialised_bytes,
     rms_norm=RMSNormOp,

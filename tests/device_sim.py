@@ -1,0 +1,377 @@
+"""A NumPy model of a correct Ascend device running this package's networks, and their float64 golden output.
+
+:func:`describe` reads a Cell (a PackedSwiGLUMLP, PackedMoE, FFNBlock or FFNStack, or a Cell holding them) into
+NumPy arrays as stored: bfloat16/float16 weights as their exact values in float32, int8 weights with their float32
+scales. :func:`device` evaluates it as a correct device does:
+
+* GEMMs on the Cube: products in float32 (exact for 16-bit operands), each k-block of the tile (16 for
+  float16/bfloat16, 8 for float32) summed by a float32 tree, the blocks' partial sums accumulated in float32 in
+  reverse order (an order neither NumPy's dot nor the golden uses);
+* every stored intermediate rounded to the dtype (bfloat16 by round-to-nearest-even on the bits, float16 by
+  np.float16): the GEMM outputs, the SwiGLU output, the routed experts' combine, the shared expert's gated
+  product, the adds, the RMSNorm output;
+* int8 weights dequantized as WeightQuantBatchMatmul / GroupedMatmulV4's antiquant does: the scale cast to the
+  activation dtype, ``q * scale`` rounded to the dtype (per output row, or per 128 inputs of a row);
+* SwiGLU gate first, ``silu(g) * u`` in float32 then rounded; RMSNorm ``w * x / sqrt(mean(x^2) + eps)`` in
+  float32, rounded; routers as ``ms_swiglu.routers`` computes them (softmax: logits in the dtype, softmax and
+  renormalisation in float32; DeepSeek-V3: a float32 GEMM, sigmoid, the correction bias for the choice only,
+  group top-k, renormalised, times routed_scaling_factor); the routing weights cast to the dtype (the ascend
+  MoeTokenUnpermute takes them in the activations' dtype) and the weighted sum in float32, rounded;
+  Qwen2-MoE's shared expert times ``sigmoid(shared_expert_gate(x))`` in float32, rounded.
+
+:func:`golden` evaluates the same network in float64 without any intermediate rounding (int8 weights as
+``q * scale`` exactly) and returns it as float32. Both return ``(out, ids)``: ids is the list of every MoE
+block's chosen experts [T, k] (the golden's and the device's expert sets are compared to exclude near-ties).
+
+``fault`` makes :func:`device` a wrong device (see :data:`FAULTS`).
+"""
+import numpy as np
+
+FAULTS = {
+    "gate_up_swapped": "silu(up) * gate",
+    "silu_missing": "gate * up",
+    "down_transposed": "down's weight read along the wrong axis (W^T; needs H == I)",
+    "experts_reordered": "expert e computed with expert e+1's weights",
+    "not_renormalised": "the top-k weights not renormalised where the family renormalises",
+    "scaling_dropped": "routed_scaling_factor left out",
+    "g128_neighbour_scale": "int8-g128: each row's last group dequantized with its neighbour group's scale",
+    "shared_gate_ignored": "Qwen2-MoE's shared expert added without sigmoid(shared_expert_gate(x))",
+}  # (faults_for: those that apply to a network)
+
+TILE_K = {"float32": 8, "float16": 16, "bfloat16": 16}
+
+
+# ---------------------------------------------------------------------------------------------------- rounding
+def rnd(a, dtype):
+    """float32 values (float64 is taken to float32 first) rounded to ``dtype``, as float32."""
+    a = np.asarray(a, np.float32)
+    if dtype == "float32":
+        return a
+    if dtype == "float16":
+        return a.astype(np.float16).astype(np.float32)
+    bits = np.ascontiguousarray(a).view(np.uint32).astype(np.uint64)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16  # round to nearest, ties to even
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def _f32(t):
+    """A MindSpore Tensor / Parameter as a float32 NumPy array (16-bit values exactly)."""
+    import mindspore as ms  # noqa: PLC0415
+
+    if t.dtype in (ms.int8,):
+        return t.asnumpy()
+    return t.astype(ms.float32).asnumpy()
+
+
+def _dtype_name(dt):
+    return {"Float32": "float32", "Float16": "float16", "BFloat16": "bfloat16"}[str(dt)]
+
+
+# ------------------------------------------------------------------------------------------------ describing
+def _weight(w, scale, quant, in_out=False):
+    """A projection weight in the canonical layout [..., out, in]: float32 values, or int8 + float32 scales."""
+    arr = _f32(w)
+    if in_out:
+        arr = np.ascontiguousarray(np.swapaxes(arr, -1, -2))
+    if scale is None:
+        return {"w": arr.astype(np.float32), "q": None}
+    return {"w": None, "q": arr.astype(np.int8), "scale": _f32(scale).astype(np.float32), "quant": quant}
+
+
+def describe(net):
+    """The NumPy description of ``net`` (its parameters as stored and its settings)."""
+    from ms_swiglu.ffn import FFNBlock, FFNStack  # noqa: PLC0415
+    from ms_swiglu.mlp import PackedSwiGLUMLP  # noqa: PLC0415
+    from ms_swiglu.moe import PackedMoE  # noqa: PLC0415
+
+    if isinstance(net, FFNStack):
+        return {"kind": "stack", "blocks": [describe(b) for b in net.blocks]}
+    if isinstance(net, FFNBlock):
+        norm = net.post_attention_layernorm
+        eps = norm.norm.eps
+        eps = float(eps.asnumpy().reshape(-1)[0]) if hasattr(eps, "asnumpy") else float(eps)
+        return {"kind": "ffn", "dtype": _dtype_name(norm.weight.dtype), "norm": _f32(norm.weight), "eps": eps,
+                "mlp": describe(net.mlp)}
+    if isinstance(net, PackedSwiGLUMLP):
+        gu, dn = net.gate_up_proj, net.down_proj
+        return {"kind": "mlp", "dtype": _dtype_name(net.compute_dtype),
+                "gate_up": _weight(gu.weight, gu.weight_scale, net.quant),
+                "down": _weight(dn.weight, dn.weight_scale, net.quant)}
+    if isinstance(net, PackedMoE):
+        r, ex = net.router, net.experts
+        sigmoid = hasattr(r, "e_score_correction_bias")
+        router = {"scoring": "sigmoid" if sigmoid else "softmax", "w": _f32(r.weight), "k": net.top_k,
+                  "renormalize": bool(r.renormalize), "dtype": _dtype_name(r.weight.dtype)}
+        if sigmoid:
+            router.update(bias=_f32(r.e_score_correction_bias), n_group=r.n_group, topk_group=r.topk_group,
+                          scale=float(r.scale))
+        return {"kind": "moe", "dtype": _dtype_name(net.compute_dtype), "router": router,
+                "gate_up": _weight(ex.gate_up_proj, ex.gate_up_proj_scale, net.quant, ex.in_out),
+                "down": _weight(ex.down_proj, ex.down_proj_scale, net.quant, ex.in_out),
+                "shared": None if net.shared_expert is None else describe(net.shared_expert),
+                "shared_gate": None if net.shared_expert_gate is None else _f32(net.shared_expert_gate.weight)}
+    blocks = [c for _, c in net.cells_and_names() if isinstance(c, (FFNStack, FFNBlock, PackedMoE, PackedSwiGLUMLP))]
+    if not blocks:
+        raise TypeError(f"describe: no block of this package in {type(net).__name__}")
+    return describe(blocks[0])
+
+
+# ------------------------------------------------------------------------------------------------ arithmetic
+class _Golden:
+    """float64, no intermediate rounding, int8 dequantized exactly."""
+
+    def __init__(self):
+        self.ids = []
+
+    fault = None
+    wide = np.float64
+
+    def r(self, a, dtype):
+        return np.asarray(a, np.float64)
+
+    def gemm(self, a, w, dtype):
+        return np.asarray(a, np.float64) @ np.asarray(w, np.float64).T
+
+    def weight(self, p, dtype, which=None):
+        if p["q"] is None:
+            return p["w"].astype(np.float64)
+        q, s = p["q"].astype(np.float64), p["scale"].astype(np.float64)
+        return _dequant(q, s)
+
+
+def _dequant(q, s):
+    if s.ndim == q.ndim:  # per group: [..., M, G]
+        g = s.shape[-1]
+        return (q.reshape(*q.shape[:-1], g, -1) * s[..., None]).reshape(q.shape)
+    return q * s[..., None]
+
+
+class _Device:
+    """float32 arithmetic, Cube-tiled GEMMs, every stored intermediate rounded to the dtype."""
+
+    wide = np.float32
+
+    def __init__(self, fault=None):
+        self.fault, self.ids = fault, []
+
+    def r(self, a, dtype):
+        return rnd(a, dtype)
+
+    def gemm(self, a, w, dtype):
+        return tiled_gemm(np.asarray(a, np.float32), np.asarray(w, np.float32), TILE_K[dtype])
+
+    def weight(self, p, dtype, which=None):
+        if p["q"] is None:
+            return p["w"]
+        s = rnd(p["scale"], dtype)  # the antiquant scale in the activations' dtype
+        if self.fault == "g128_neighbour_scale" and s.ndim == p["q"].ndim and s.shape[-1] > 1:
+            s = s.copy()
+            s[..., -1] = s[..., -2]
+        return rnd(_dequant(p["q"].astype(np.float32), s), dtype)  # q * scale exact in float32, rounded
+
+
+def tiled_gemm(a, w, tile):
+    """``a w^T`` [T, K] x [N, K] -> [T, N] in float32: products, a float32 tree over each k-block of ``tile``,
+    the blocks accumulated in float32 from the last to the first."""
+    t, k = a.shape
+    n = w.shape[0]
+    pad = -k % tile
+    if pad:
+        a, w = np.pad(a, ((0, 0), (0, pad))), np.pad(w, ((0, 0), (0, pad)))
+    nb = (k + pad) // tile
+    out = np.empty((t, n), np.float32)
+    step = max(1, (1 << 22) // max(1, n * (k + pad)))  # tokens per chunk: ~16 MB of products
+    for s in range(0, t, step):
+        p = (a[s:s + step, None, :] * w[None, :, :]).reshape(-1, n, nb, tile)  # float32 products
+        while p.shape[-1] > 1:
+            p = p[..., 0::2] + p[..., 1::2]
+        p = p[..., 0]
+        acc = np.zeros(p.shape[:2], np.float32)
+        for b in range(nb - 1, -1, -1):
+            acc = acc + p[..., b]
+        out[s:s + step] = acc
+    return out
+
+
+def _sigmoid(v):
+    return 1 / (1 + np.exp(-v))
+
+
+# ---------------------------------------------------------------------------------------------------- blocks
+def _mlp(ctx, gate_up, down, x, dtype):
+    """One packed SwiGLU MLP: [T, H] -> [T, H]."""
+    if x.shape[0] == 0:
+        return np.zeros((0, down["q" if down["w"] is None else "w"].shape[-2]), ctx.wide)
+    h = ctx.r(ctx.gemm(x, ctx.weight(gate_up, dtype), dtype), dtype)  # [T, 2I]
+    inter = h.shape[-1] // 2
+    g, u = h[:, :inter], h[:, inter:]
+    if ctx.fault == "gate_up_swapped":
+        g, u = u, g
+    act = g * u if ctx.fault == "silu_missing" else g * _sigmoid(g) * u  # in the wide type, then rounded
+    a = ctx.r(act, dtype)
+    wd = ctx.weight(down, dtype)
+    if ctx.fault == "down_transposed":
+        if wd.shape[0] != wd.shape[1]:
+            raise ValueError("down_transposed needs H == I")
+        wd = wd.T
+    return ctx.r(ctx.gemm(a, wd, dtype), dtype)
+
+
+def _topk(v, k):
+    idx = np.argsort(-v, axis=-1, kind="stable")[:, :k]
+    return np.take_along_axis(v, idx, -1), idx
+
+
+def _router(ctx, r, x, dtype):
+    wide = ctx.wide
+    if r["scoring"] == "softmax":
+        logits = ctx.r(ctx.gemm(x, r["w"], r["dtype"]), r["dtype"]).astype(wide)  # in the model dtype
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p = p / p.sum(-1, keepdims=True)
+        weights, idx = _topk(p, r["k"])
+        if r["renormalize"] and ctx.fault != "not_renormalised":
+            weights = weights / weights.sum(-1, keepdims=True)
+        return weights.astype(wide), idx
+    logits = ctx.r(ctx.gemm(x, r["w"], "float32"), "float32").astype(wide)  # float32 GEMM
+    scores = _sigmoid(logits)
+    choice = scores + r["bias"].astype(wide)
+    t, e = choice.shape
+    ng, size = r["n_group"], e // r["n_group"]
+    if ng > 1:
+        groups = np.sort(choice.reshape(t, ng, size), -1)[..., -2:].sum(-1)
+        _, keep = _topk(groups, r["topk_group"])
+        mask = np.zeros((t, ng), bool)
+        np.put_along_axis(mask, keep, True, -1)
+        choice = np.where(np.repeat(mask, size, -1), choice, -np.inf)
+    _, idx = _topk(choice, r["k"])
+    weights = np.take_along_axis(scores, idx, -1)
+    if r["renormalize"] and ctx.fault != "not_renormalised":
+        weights = weights / (weights.sum(-1, keepdims=True) + wide(1e-20))
+    if ctx.fault != "scaling_dropped":
+        weights = weights * wide(r["scale"])
+    return weights.astype(wide), idx
+
+
+def _expert(p, e):
+    if p["q"] is None:
+        return {"w": p["w"][e], "q": None}
+    return {"w": None, "q": p["q"][e], "scale": p["scale"][e], "quant": p.get("quant")}
+
+
+def _moe(ctx, s, x):
+    dtype = s["dtype"]
+    weights, idx = _router(ctx, s["router"], x, dtype)
+    ctx.ids.append(idx)
+    if ctx.wide is np.float32:  # the ascend MoeTokenUnpermute takes the routing weights in the activations' dtype
+        weights = rnd(weights, dtype)
+    n_exp = s["router"]["w"].shape[0]
+    t, k = idx.shape
+    h = x.shape[1]
+    ys = np.zeros((t, k, h), ctx.wide)
+    for e in range(n_exp):
+        rows, slots = np.nonzero(idx == e)
+        if rows.size == 0:
+            continue
+        src = (e + 1) % n_exp if ctx.fault == "experts_reordered" else e
+        ys[rows, slots] = _mlp(ctx, _expert(s["gate_up"], src), _expert(s["down"], src), x[rows], dtype)
+    out = ctx.r((weights[..., None] * ys).sum(1, dtype=ctx.wide), dtype)  # weighted in float32, rounded
+    if s["shared"] is not None:
+        shared = _block(ctx, s["shared"], x)
+        if s["shared_gate"] is not None and ctx.fault != "shared_gate_ignored":
+            gl = ctx.r(ctx.gemm(x, s["shared_gate"], dtype), dtype).astype(ctx.wide)  # [T, 1] in the dtype
+            shared = ctx.r(_sigmoid(gl) * shared, dtype)
+        out = ctx.r(out + shared, dtype)
+    return out
+
+
+def _ffn(ctx, s, x):
+    dtype, wide = s["dtype"], ctx.wide
+    xw = x.astype(wide)
+    var = np.mean(xw * xw, -1, keepdims=True)
+    n = ctx.r(xw / np.sqrt(var + wide(s["eps"])) * s["norm"].astype(wide), dtype)
+    return ctx.r(xw + _block(ctx, s["mlp"], n).astype(wide), dtype)
+
+
+def _block(ctx, s, x):
+    kind = s["kind"]
+    if kind == "stack":
+        for b in s["blocks"]:
+            x = _block(ctx, b, x)
+        return x
+    if kind == "ffn":
+        return _ffn(ctx, s, x)
+    if kind == "moe":
+        return _moe(ctx, s, x)
+    return _mlp(ctx, s["gate_up"], s["down"], x, s["dtype"])
+
+
+def _walk(spec):
+    """Every block description in ``spec`` (itself, its blocks, their MLPs and shared experts)."""
+    yield spec
+    for b in spec.get("blocks", ()):
+        yield from _walk(b)
+    for key in ("mlp", "shared"):
+        if spec.get(key) is not None:
+            yield from _walk(spec[key])
+
+
+def _projections(spec):
+    for s in _walk(spec):
+        if s["kind"] in ("mlp", "moe"):
+            yield "gate_up", s["gate_up"]
+            yield "down", s["down"]
+
+
+def faults_for(spec):
+    """The faults of :data:`FAULTS` that change what ``spec``'s network computes."""
+    blocks = list(_walk(spec))
+    moes = [s for s in blocks if s["kind"] == "moe"]
+    out = ["gate_up_swapped", "silu_missing"]
+    down = [p["w"] if p["q"] is None else p["q"] for name, p in _projections(spec) if name == "down"]
+    if all(w.shape[-1] == w.shape[-2] for w in down):
+        out.append("down_transposed")
+    if moes:
+        out.append("experts_reordered")
+    if any(m["router"]["renormalize"] for m in moes):
+        out.append("not_renormalised")
+    if any(m["router"]["scoring"] == "sigmoid" and m["router"]["scale"] != 1 for m in moes):
+        out.append("scaling_dropped")
+    if any(p["q"] is not None and p["scale"].ndim == p["q"].ndim and p["scale"].shape[-1] > 1
+           for _, p in _projections(spec)):
+        out.append("g128_neighbour_scale")
+    if any(m["shared_gate"] is not None for m in moes):
+        out.append("shared_gate_ignored")
+    return out
+
+
+def dtype_of(spec):
+    while spec["kind"] == "stack":
+        spec = spec["blocks"][0]
+    return spec["dtype"]
+
+
+def device(spec, x, fault=None):
+    """A correct (or, with ``fault``, a wrong) device's output float32 [T, H] for input ``x`` (values of the
+    dtype), and every MoE block's expert ids."""
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"fault: expected one of {sorted(FAULTS)}, got {fault!r}")
+    ctx = _Device(fault)
+    out = _block(ctx, spec, rnd(x, dtype_of(spec)))
+    return np.asarray(out, np.float32), ctx.ids
+
+
+def golden(spec, x):
+    """The float64 evaluation of the network on ``x`` (rounded to the dtype first, as the device gets it), as
+    float32, and every MoE block's expert ids."""
+    ctx = _Golden()
+    out = _block(ctx, spec, rnd(x, dtype_of(spec)).astype(np.float64))
+    return out.astype(np.float32), ctx.ids
+
+
+def routing_differs(ids_a, ids_b):
+    """Token indices whose expert set differs in any MoE block between two runs' ids."""
+    bad = set()
+    for a, b in zip(ids_a, ids_b):
+        sa, sb = np.sort(a, -1), np.sort(b, -1)
+        bad.update(np.nonzero((sa != sb).any(-1))[0].tolist())
+    return sorted(bad)

@@ -17,7 +17,6 @@ are never touched.
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -37,7 +36,7 @@ from ms_swiglu.processes import alive, python
 from ms_swiglu.export.kit import AIR_DEFAULT_SHAPE, atc_command, converter_command, converter_config, write_scripts
 from ms_swiglu.export.chain import chain
 from ms_swiglu.export.mindir import int8_parameters, op_types, rename_input
-from ms_swiglu.export.verify_on_device import UNIT_ROUNDOFF, acceptance, check
+from ms_swiglu.export.verify_on_device import UNIT_ROUNDOFF, acceptance, check, sha256
 
 # export target -> the backend whose graph it exports
 TARGETS = {"ascend": "ascend", "portable": "composite", "cpu": "cpu"}
@@ -84,14 +83,6 @@ class ExportRequest:
         shape = f"-{self.static_shape[0]}x{self.static_shape[1]}" if self.static_shape else ""
         weights = f"-w{self.quant}" if self.quant else ""
         return f"{model}-{what}-{self.target}-{self.dtype}{weights}{shape}"
-
-
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _raw(tensor, dtype):
@@ -197,9 +188,9 @@ def _check_int8(net, mindir, found, target):
                                 f"got op types {found}")
 
 
-def _verify_kit(work, model_file):
-    """Run the kit's verify_on_device.py on the CPU in a new interpreter (MindIR loaded with mindspore.load +
-    nn.GraphCell); its per-case lines."""
+def _verify_kit(work, model_file, device):
+    """Run the kit's verify_on_device.py on ``device`` (MindSpore's device target) in a new interpreter (the
+    MindIR loaded with mindspore.load + nn.GraphCell); its per-case lines."""
     with _ms_path(os.path.join(work, model_file)) as path:
         if path != os.path.join(work, model_file):  # MindSpore's loader refuses the folder's name: a copy
             shutil.copyfile(os.path.join(work, model_file), path)
@@ -209,7 +200,7 @@ def _verify_kit(work, model_file):
                     os.symlink(os.path.join(work, name), os.path.join(kit, name))
         else:
             kit = work
-        proc = processes.run(python("ms_swiglu.export.verify_on_device", kit, "--device", "CPU", "--calls", "1"),
+        proc = processes.run(python("ms_swiglu.export.verify_on_device", kit, "--device", device, "--calls", "1"),
                              timeout=1800)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("case ", "verify_on_device"))]
     if proc.returncode != 0:
@@ -418,8 +409,9 @@ def export(req):
                 "op_types": found,
                 "golden": golden,
                 "acceptance": criterion,
-                "checked": {"graph": True, "golden": "cpu twin" if not runs_here else "reloaded MindIR on the CPU",
-                            "device": False},
+                "checked": {"graph": True, "golden": "cpu twin" if not runs_here else
+                            "reloaded MindIR on the CPU" if device == "CPU" else f"reloaded MindIR on {device}",
+                            "device": device == "Ascend" and runs_here},
                 "verification": {"op_types": "ok", "straight_line": True,
                                  "allowed_ops": sorted(backend.allowed_ops) if backend.allowed_ops else None,
                                  "cpu_twin": twin_cases},
@@ -429,7 +421,7 @@ def export(req):
             }
             _write_manifest(work, manifest)
             if runs_here and fmt == "MINDIR":
-                manifest["verification"]["reloaded"] = _verify_kit(work, model_file)
+                manifest["verification"]["reloaded"] = _verify_kit(work, model_file, device)
                 _write_manifest(work, manifest)
             _move_into_place(work, out, [model_file] + list(ARTIFACTS), _earlier_export(out))
         finally:
@@ -444,7 +436,7 @@ def _write_manifest(work, manifest):
         for fname in sorted(files):
             path = os.path.join(root, fname)
             if os.path.relpath(path, work) != "manifest.json":
-                manifest["files"][os.path.relpath(path, work)] = _sha256(path)
+                manifest["files"][os.path.relpath(path, work)] = sha256(path)
     with open(os.path.join(work, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
 
@@ -496,7 +488,10 @@ def _moe_note(req):
         return None
     config = read_config(req.checkpoint)
     sparse = [i for i in range(req.layers[0], req.layers[1] + 1) if config.is_moe_layer(i)]
-    return dict(dataclasses.asdict(config.moe), sparse_layers=sparse) if sparse else None
+    if not sparse:
+        return None
+    router = dict(dataclasses.asdict(config.moe.router), scoring=config.moe.router.scoring)
+    return dict(dataclasses.asdict(config.moe), router=router, sparse_layers=sparse)
 
 
 def _remove_stale_work(folder):

@@ -74,7 +74,7 @@ def check(got, golden, criterion, excluded=()):
     return {"mean": mean, "max": top, "ok": ok, "tokens": int(g.shape[0])}
 
 
-def _sha256(path):
+def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -87,7 +87,7 @@ def _whole(kit, manifest):
     bad = []
     for name, digest in manifest["files"].items():
         path = os.path.join(kit, name)
-        if not os.path.isfile(path) or _sha256(path) != digest:
+        if not os.path.isfile(path) or sha256(path) != digest:
             bad.append(name)
     return bad
 

@@ -15,7 +15,7 @@ _EXPORTS = {
     "ms_swiglu.packing": ["pack_gate_up", "pack_state_dict", "shard_down", "shard_packed", "unpack_gate_up",
                           "unpack_state_dict", "unshard_down", "unshard_packed", "reshard", "quantize_int8",
                           "dequantize_int8", "quantize_state_dict"],
-    "ms_swiglu.moe": ["PackedMoE", "route"],
+    "ms_swiglu.moe": ["PackedMoE"],
     "ms_swiglu.ffn": ["FFNBlock", "FFNStack", "RMSNorm"],
     "ms_swiglu.checkpoint": ["ModelConfig", "CheckpointError", "read_config", "load_dense_layer",
                              "load_moe_layer"],

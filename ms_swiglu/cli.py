@@ -16,14 +16,12 @@ import numpy as np
 
 from ms_swiglu.backends import NAMES as BACKENDS
 from ms_swiglu.backends.chips import BY_KEY as CHIPS, DEFAULT as DEFAULT_CHIP
-from ms_swiglu.checkpoint import dump_safetensors, read_config
-from ms_swiglu.checkpoint.hf import read_config_json
-from ms_swiglu.checkpoint.converted import (ConvertedFile, float32_kinds, is_converted, metadata, quantize_layer,
-                                            rank_paths, read_hf_layer, shard_layer, tensor_name, tensor_names)
+from ms_swiglu.checkpoint import read_config
+from ms_swiglu.checkpoint.converted import ConvertedFile, convert, is_converted
 from ms_swiglu.config import DTYPE_BYTES, DTYPE_NAMES, PRESETS
 from ms_swiglu import signals
 from ms_swiglu.errors import ArgumentParser, InputError
-from ms_swiglu.outputs import OutputSet, check_writable
+from ms_swiglu.outputs import check_writable
 from ms_swiglu.packing import QUANT
 from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import end_line, progress
@@ -98,36 +96,14 @@ def cmd_run(args):
 
 
 def cmd_convert(args):
-    """Every rank's file is written in full beside its name, then all are put in place together: a failure
-    leaves none, and each file names its set (``set``, ``tp_size``, ``rank``) so that a reader can tell a whole
-    set from the files an interrupted commit put in place. ``--quantize`` quantizes each whole projection
-    before it is sharded, so that every rank's rows carry the scales of the unsharded layer."""
     _count("--tp-size", args.tp_size)
-    if os.path.isfile(args.checkpoint):
-        raise UsageError(f"--checkpoint: expected a HuggingFace checkpoint folder, got the file {args.checkpoint}")
-    config, config_json = read_config_json(args.checkpoint)
-    layers = _layers(f"0-{config.num_hidden_layers - 1}" if args.layers is None else args.layers, config)
-    config.check_tp(args.tp_size, layers, args.quantize)
-    ranks = [{} for _ in range(args.tp_size)]
-    with OutputSet(rank_paths(args.output, args.tp_size), args.force) as out:
-        dtype, float32 = args.dtype, set()
-        for i, layer in enumerate(layers):
-            tensors, ckpt_dtype = read_hf_layer(config, args.checkpoint, layer)
-            tensors = quantize_layer(tensors, args.quantize) if args.quantize else tensors
-            dtype, names = dtype or ckpt_dtype, tensor_names(config, layer)
-            float32 |= {tensor_name(names, k) for k in float32_kinds(tensors)}
-            for rank, rank_tensors in enumerate(ranks):
-                shard = shard_layer(tensors, args.tp_size, rank)
-                rank_tensors.update({tensor_name(names, k): a for k, a in shard.items()})
-            progress("convert", i + 1, len(layers), "layers")
-            signals.pause_point("convert-layer")
-        for rank, (path, tensors) in enumerate(zip(out.paths, ranks)):
-            meta = metadata(config_json, dtype, args.quantize, args.tp_size, rank, layers, out.token)
-            out.write(path, lambda tmp, t=tensors, m=meta: dump_safetensors(tmp, t, dtype, m, float32=float32))
-        out.commit()
+    layers = None if args.layers is None else _layer_range(args.layers)
+    written, dtype = convert(args.checkpoint, args.output, layers=layers, tp_size=args.tp_size, dtype=args.dtype,
+                             quant=args.quantize, force=args.force,
+                             progress=lambda done, total: progress("convert", done, total, "layers"))
     what = f"{dtype}, projections {args.quantize}" if args.quantize else dtype
-    for path, tensors in zip(out.paths, ranks):
-        print(f"wrote {path} ({len(tensors)} tensors, {what})")
+    for path, count in written:
+        print(f"wrote {path} ({count} tensors, {what})")
     return 0
 
 
@@ -175,8 +151,7 @@ def cmd_export(args):
     manifest = export(req)
     out = os.path.abspath(args.output_dir)
     checked = manifest["checked"]
-    golden = {"cpu twin": "golden outputs against the cpu twin",
-              "reloaded MindIR on the CPU": "golden outputs against the MindIR reloaded on the CPU"}[checked["golden"]]
+    golden = f"golden outputs against the {checked['golden']}"
     print(f"wrote {os.path.join(out, manifest['model_file'])} (target {manifest['target']}, {manifest['dtype']}, "
           f"input {manifest['inputs'][0]['shape']})")
     print(f"op types: {', '.join(manifest['op_types'])}")
@@ -240,7 +215,8 @@ def build_parser():
     exp.add_argument("--air", action="store_true",
                      help="AIR for ATC instead of MindIR (Ascend hosts only; AIR is deprecated in MindSpore 2.10)")
     exp.add_argument("--chip", choices=list(CHIPS), default=DEFAULT_CHIP.key,
-                     help="the Ascend chip family the kit is for (default atlas-a2); --target ascend needs a2 or a3")
+                     help="the Ascend chip family the kit is for (default atlas-a2); --target ascend takes the chips CANN "
+                          "documents its ops for (docs/ascend.md)")
     exp.set_defaults(func=cmd_export)
 
     sub.add_parser("bench", add_help=False, help="MLP variants against the machine's ceilings (see --help)")

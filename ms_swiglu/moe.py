@@ -22,9 +22,7 @@ from ms_swiglu.linear import Dense, int8_parameters
 from ms_swiglu.mlp import PackedSwiGLUMLP
 from ms_swiglu.packing import check_quant, check_tp, scale_shape
 from ms_swiglu.parallel import reduce_cell
-from ms_swiglu.routers import SigmoidGroupTopK, SoftmaxTopK
-
-SCORING = ("softmax", "sigmoid")
+from ms_swiglu.routing import router_config
 
 
 class StackedExperts(nn.Cell):
@@ -67,9 +65,10 @@ class StackedExperts(nn.Cell):
 class PackedMoE(TokenCell):
     """``sum_j w_j * expert_{e_j}(x)`` over the top-k experts of a router, plus an optional shared expert.
 
-    ``scoring="softmax"`` (Mixtral, Qwen2-MoE, Qwen3-MoE): :class:`~ms_swiglu.routers.SoftmaxTopK`, renormalised
-    with ``renormalize``. ``scoring="sigmoid"`` (DeepSeek-V3): :class:`~ms_swiglu.routers.SigmoidGroupTopK` with
-    ``n_group``, ``topk_group``, ``routed_scaling_factor``. ``shared_intermediate_size`` > 0 adds a shared
+    ``router``: a router config of ``ms_swiglu.routing`` (:class:`~ms_swiglu.routing.Softmax` for Mixtral,
+    Qwen2-MoE, Qwen3-MoE; :class:`~ms_swiglu.routing.SigmoidGroups` for DeepSeek-V3), which builds the router
+    Cell; without it, ``scoring`` and the router's own options (``renormalize``, ``n_group``, ``topk_group``,
+    ``routed_scaling_factor``) name one. ``shared_intermediate_size`` > 0 adds a shared
     expert (a :class:`PackedSwiGLUMLP` on every token), scaled by ``sigmoid(shared_expert_gate(x))`` with
     ``shared_expert_gate`` (Qwen2-MoE). With ``tp_size`` p > 1 every expert (shared too) holds its rank's
     ``[gate_r; up_r]`` and ``down[:, r]``, and one AllReduce sums the block. ``quant="int8"``: the experts (and
@@ -85,25 +84,21 @@ class PackedMoE(TokenCell):
     """
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, *, dtype=ms.float32, backend="auto",
-                 renormalize=True, tp_size=1, scoring="softmax", n_group=1, topk_group=1, routed_scaling_factor=1.0,
-                 shared_intermediate_size=0, shared_expert_gate=False, quant=None):
+                 router=None, tp_size=1, shared_intermediate_size=0, shared_expert_gate=False, quant=None,
+                 scoring="softmax", **router_options):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise InputError(f"top_k: expected 1..num_experts ({num_experts}), got {top_k}")
-        if scoring not in SCORING:
-            raise InputError(f"scoring: expected one of {', '.join(SCORING)}, got {scoring!r}")
+        if router is not None and (router_options or scoring != "softmax"):
+            raise InputError(f"router: expected a router config or scoring and its options, got both ({router} and "
+                             f"{scoring}, {sorted(router_options)})")
+        router = router or router_config(scoring, **router_options)
         check_tp(intermediate_size, tp_size)
         self.compute_dtype = dtype = to_dtype(dtype)
         self.backend, self.quant = resolve(backend), check_quant(quant)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.top_k = num_experts, top_k
-        if scoring == "softmax":
-            self.router = SoftmaxTopK(hidden_size, num_experts, top_k, renormalize=renormalize, dtype=dtype,
-                                      backend=self.backend)
-        else:
-            self.router = SigmoidGroupTopK(hidden_size, num_experts, top_k, n_group=n_group, topk_group=topk_group,
-                                           renormalize=renormalize, routed_scaling_factor=routed_scaling_factor,
-                                           backend=self.backend)
+        self.router = router.build(hidden_size, num_experts, top_k, dtype=dtype, backend=self.backend)
         self.experts = StackedExperts(hidden_size, intermediate_size // tp_size, num_experts, dtype=dtype,
                                       backend=self.backend, quant=quant)
         self.shared_expert = self.shared_expert_gate = None

@@ -3,6 +3,8 @@ index everywhere.
 
 Shape legend: T = tokens, H = hidden_size, E = num_experts, k = top_k, G = n_group.
 Every router: x [T, H] -> (weights [T, k] float32, experts [T, k] int32), slots in descending score order.
+
+Each router Cell has a config of its own in ``ms_swiglu.routing``, which builds it for a block.
 """
 import math
 
@@ -114,3 +116,4 @@ class SigmoidGroupTopK(nn.Cell):
         if self.renormalize:
             weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
         return weights * self.scale, chosen
+

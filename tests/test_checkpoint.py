@@ -165,3 +165,27 @@ def test_truncated_and_missing_tensor(tmp_path):
         load_dense_layer(str(tmp_path / "b"), 1)
     with pytest.raises(CheckpointError, match=r"layer: expected 0..1 \(num_hidden_layers=2\), got 2"):
         load_dense_layer(str(tmp_path / "b"), 2)
+
+
+def test_convert_is_a_library_function_the_cli_calls(tmp_path):
+    """convert() writes what `ms-swiglu convert` writes (the same tensors and metadata but the set's id), and
+    returns each file with its tensor count and the dtype."""
+    from ms_swiglu.checkpoint.converted import convert  # noqa: PLC0415
+    from ms_swiglu.checkpoint.files import SafetensorsFolder  # noqa: PLC0415
+    from test_cli import cli  # noqa: PLC0415
+
+    folder = tmp_path / "ck"
+    make_checkpoint(folder, layers=2, seed=4)
+    written, dtype = convert(str(folder), str(tmp_path / "lib.safetensors"), tp_size=2, quant="int8")
+    assert [os.path.basename(p) for p, _ in written] == ["lib-tp0-of-2.safetensors", "lib-tp1-of-2.safetensors"]
+    r = cli("convert", "--checkpoint", folder, "--output", tmp_path / "cli.safetensors", "--tp-size", 2,
+            "--quantize", "int8")
+    assert r.returncode == 0, r.stderr
+    assert dtype == "float32" and [f"({n} tensors, float32, projections int8)" for _, n in written] == [
+        line[line.index("("):] for line in r.stdout.splitlines()]
+    for rank in range(2):
+        paths = [str(tmp_path / f"{stem}-tp{rank}-of-2.safetensors") for stem in ("lib", "cli")]
+        (lib, _), (got, _) = (read_safetensors(p) for p in paths)
+        lib_meta, got_meta = (SafetensorsFolder(p).metadata(p) for p in paths)
+        assert sorted(lib) == sorted(got) and all(np.array_equal(lib[k], got[k]) for k in lib)
+        assert {k: v for k, v in lib_meta.items() if k != "set"} == {k: v for k, v in got_meta.items() if k != "set"}

@@ -433,11 +433,12 @@ def test_config_keys_left_out_take_transformers_defaults():
     base = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6, "num_experts_per_tok": 2,
             "moe_intermediate_size": 32}
     ds = parse_config(dict(base, model_type="deepseek_v3", n_routed_experts=16), "c.json")
-    assert ds.sparse_layers == {3, 4, 5} and ds.moe.n_group == 8 and ds.moe.topk_group == 4
-    assert ds.moe.routed_scaling_factor == 2.5 and ds.moe.shared_intermediate_size == 32 and ds.moe.renormalize
+    assert ds.sparse_layers == {3, 4, 5} and ds.moe.router.n_group == 8 and ds.moe.router.topk_group == 4
+    assert ds.moe.router.routed_scaling_factor == 2.5 and ds.moe.shared_intermediate_size == 32
+    assert ds.moe.router.renormalize and ds.moe.router.scoring == "sigmoid"
     qw = parse_config(dict(base, model_type="qwen2_moe", num_experts=16), "c.json")
     assert qw.sparse_layers == set(range(6)) and qw.moe.shared_intermediate_size == 5632
-    assert qw.moe.shared_expert_gate and not qw.moe.renormalize
+    assert qw.moe.shared_expert_gate and not qw.moe.router.renormalize
     assert parse_config(dict(base, model_type="qwen3_moe", num_experts=16), "c.json").moe.shared_intermediate_size == 0
     with pytest.raises(ValueError, match="c.json: expected hidden_act one of 'silu', 'swish', got 'gelu'"):
         parse_config(dict(base, model_type="llama", hidden_act="gelu"), "c.json")
@@ -535,3 +536,50 @@ def test_dense_and_sparse_layers_are_told_apart(family_ckpts):
 
 if __name__ == "__main__" and sys.argv[1:] == ["no-tokens"]:
     _no_tokens()
+
+
+# ---- a router is one config and one Cell ---------------------------------------------------------------------
+
+class _FirstExperts(ms.nn.Cell):
+    """A toy router: every token to experts 0..k-1, equal weights."""
+
+    def __init__(self, num_experts, top_k):
+        super().__init__()
+        self.ids = ms.Tensor(np.arange(top_k, dtype=np.int32))
+        self.top_k = top_k
+
+    def construct(self, x):
+        tokens = ms.ops.shape(x)[0]
+        ids = ms.ops.broadcast_to(self.ids.reshape(1, -1), (tokens, self.top_k))
+        return ms.ops.ones((tokens, self.top_k), ms.float32) / self.top_k, ids
+
+
+class _FirstConfig:
+    scoring = "first"
+
+    def build(self, hidden_size, num_experts, top_k, *, dtype, backend):  # noqa: ARG002
+        return _FirstExperts(num_experts, top_k)
+
+
+def test_a_new_router_is_a_config_that_builds_its_cell_and_the_old_keywords_still_name_theirs():
+    """PackedMoE takes any router config (here a toy one, defined in this test: nothing else changes) and the
+    block computes the mean of the first k experts; scoring= and a router's own keywords build the registered
+    configs; options of another router, or a config together with keywords, are refused."""
+    from ms_swiglu.routing import ROUTERS, SigmoidGroups, Softmax  # noqa: PLC0415
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    moe = PackedMoE(H, I, E, K, backend="composite", router=_FirstConfig())
+    x = np.random.default_rng(1).standard_normal((3, H)).astype(np.float32).astype(np.float64)
+    gate_up, down = to_f64(moe.experts.gate_up_proj), to_f64(moe.experts.down_proj)
+    got = to_f64(moe(ms.Tensor(x.astype(np.float32))))
+    want = sum(ref_mlp(x, gate_up[e], down[e], "float32") for e in range(K)) / K
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert set(ROUTERS) == {"softmax", "sigmoid"}
+    assert isinstance(PackedMoE(H, I, E, K, renormalize=False).router, SoftmaxTopK)
+    ds = PackedMoE(H, I, E, K, scoring="sigmoid", n_group=4, topk_group=2)
+    assert isinstance(ds.router, SigmoidGroupTopK) and (ds.router.n_group, ds.router.topk_group) == (4, 2)
+    assert Softmax().scoring == "softmax" and SigmoidGroups(n_group=2).n_group == 2
+    with pytest.raises(ValueError, match="router softmax: expected options among renormalize, got n_group"):
+        PackedMoE(H, I, E, K, n_group=4)
+    with pytest.raises(ValueError, match="expected a router config or scoring and its options, got both"):
+        PackedMoE(H, I, E, K, router=Softmax(), renormalize=False)

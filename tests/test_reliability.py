@@ -97,7 +97,7 @@ def faulty(*a, **k):
         raise {"disk": OSError(28, "No space left on device"), "ctrl-c": KeyboardInterrupt()}[how]
     return original(*a, **k)
 if os.environ["FAULT_IN"] == "dump":
-    cli.dump_safetensors = faulty
+    files.dump_safetensors = faulty
 else:
     os.link = faulty
 sys.exit(cli.main(sys.argv[1:]))

@@ -45,6 +45,7 @@ a slow phase of the host slows alike.
 Usage: ms-swiglu bench [--preset llama-7b] [--tokens 1 16 128 512] [--dtype float32] [--jit O0 O1]
                        [--variants ...] [--rounds 7] [--settle S] [--memory] [--json F] [--plot F.png]
 """
+import datetime
 import os
 import subprocess
 import sys
@@ -492,10 +493,12 @@ def main(argv=None):
     _check(args)
     args.json, args.plot = (os.path.abspath(p) if p else p for p in (args.json, args.plot))
     t0 = time.time()
+    started = datetime.datetime.fromtimestamp(t0, datetime.timezone.utc).isoformat(timespec="seconds")
     with scratch_cwd():  # AKG writes its kernels into the working directory
         data = run(args)
     data["args"] = vars(args)
     data["seconds"] = time.time() - t0
+    data["date"] = started  # when the run started, UTC (tools/docs.py keeps the latest run per machine kind)
     if args.json:
         write_json(args.json, data, args.force)
     if args.plot:

@@ -16,6 +16,7 @@ Usage: python -m ms_swiglu.tools.bench_moe [--shape qwen3-30b-a3b mixtral-8x7b] 
                                            [--dtype float32 bfloat16] [--backend cpu] [--rounds 7] [--json F]
 """
 import argparse
+import datetime
 import sys
 import time
 
@@ -171,8 +172,10 @@ def main(argv=None):
     parser.add_argument("--no-probes", action="store_true", help="skip the build and memory probes")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     data = run(args)
     data["args"] = vars(args)
+    data["date"] = started  # when the run started, UTC (tools/docs.py keeps the latest run per machine kind)
     if args.json:
         write_json(args.json, data)
     return 0

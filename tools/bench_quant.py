@@ -59,6 +59,7 @@ format "int8") and per group of 128 along the input ("int8-g128") where 128 divi
 error of the output (to each row's max |y|) and the relative Frobenius error, against the float32 weights.
 """
 import argparse
+import datetime
 import json
 import sys
 
@@ -388,7 +389,9 @@ def main(argv=None):
     p.add_argument("--json")
     args = p.parse_args(argv)
     hidden, inter = preset_shape(args.preset)
-    result = {"preset": args.preset, "hidden": hidden, "intermediate": inter, "layers": args.layers,
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    # date: when the run started, UTC (tools/docs.py keeps the latest run per machine kind)
+    result = {"date": started, "preset": args.preset, "hidden": hidden, "intermediate": inter, "layers": args.layers,
               "repeat": args.repeat, "rounds": args.rounds, "settle_s": args.settle}
     if args.accuracy:
         result["accuracy"] = accuracy(hidden, inter)

@@ -118,6 +118,48 @@ def float32_kinds(tensors):
     return {k for k in tensors if k.endswith(SCALE) or k == "bias"}
 
 
+def convert(checkpoint, output, *, layers=None, tp_size=1, dtype=None, quant=None, force=False, progress=None):
+    """Write the packed layers ``layers`` (a range; default all) of the HuggingFace checkpoint folder ``checkpoint``
+    as ``output`` (``FILE.safetensors``; with ``tp_size`` K one file per rank, ``FILE-tp{r}-of-K.safetensors``), in
+    ``dtype`` (default the checkpoint's) with projections quantized to ``quant``; returns ``[(path, tensor count)]``
+    and the dtype written.
+
+    Every rank's file is written in full beside its name, then all are put in place together
+    (``ms_swiglu.outputs.OutputSet``): a failure leaves none, and each file names its set (``set``, ``tp_size``,
+    ``rank``) so that a reader can tell a whole set from files a killed commit put in place. ``quant`` quantizes
+    each whole projection before it is sharded, so that every rank's rows carry the scales of the unsharded layer.
+    ``progress(done, total)`` is called after each layer."""
+    from ms_swiglu import signals  # noqa: PLC0415
+    from ms_swiglu.checkpoint.files import dump_safetensors  # noqa: PLC0415
+    from ms_swiglu.outputs import OutputSet  # noqa: PLC0415
+
+    if os.path.isfile(checkpoint):
+        raise CheckpointError(f"--checkpoint: expected a HuggingFace checkpoint folder, got the file {checkpoint}")
+    config, config_json = hf.read_config_json(checkpoint)
+    layers = range(config.num_hidden_layers) if layers is None else layers
+    for layer in (layers.start, layers.stop - 1):
+        config.check_layer(layer)
+    config.check_tp(tp_size, layers, quant)
+    ranks = [{} for _ in range(tp_size)]
+    with OutputSet(rank_paths(output, tp_size), force) as out:
+        float32 = set()
+        for i, layer in enumerate(layers):
+            tensors, ckpt_dtype = read_hf_layer(config, checkpoint, layer)
+            tensors = quantize_layer(tensors, quant) if quant else tensors
+            dtype, names = dtype or ckpt_dtype, tensor_names(config, layer)
+            float32 |= {tensor_name(names, k) for k in float32_kinds(tensors)}
+            for rank, rank_tensors in enumerate(ranks):
+                rank_tensors.update({tensor_name(names, k): a for k, a in shard_layer(tensors, tp_size, rank).items()})
+            if progress:
+                progress(i + 1, len(layers))
+            signals.pause_point("convert-layer")
+        for rank, (path, tensors) in enumerate(zip(out.paths, ranks)):
+            meta = metadata(config_json, dtype, quant, tp_size, rank, layers, out.token)
+            out.write(path, lambda tmp, t=tensors, m=meta: dump_safetensors(tmp, t, dtype, m, float32=float32))
+        out.commit()
+    return [(path, len(tensors)) for path, tensors in zip(out.paths, ranks)], dtype
+
+
 def metadata(config_json, dtype, quant, tp_size, rank, layers, token):
     """A converted file's ``__metadata__`` (strings): what it holds and which set it belongs to."""
     return {"format": FORMAT, "layout": "gate_up rows [gate; up]", "model_type": config_json["model_type"],

@@ -25,6 +25,7 @@ import numpy as np
 from ms_swiglu import paths
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
 from ms_swiglu.packing import check_tp, group_size, pack_gate_up
+from ms_swiglu.routing import SigmoidGroups, Softmax
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
@@ -37,11 +38,7 @@ class MoEConfig:
     num_experts: int
     top_k: int
     intermediate_size: int  # of one expert
-    renormalize: bool
-    scoring: str = "softmax"
-    n_group: int = 1
-    topk_group: int = 1
-    routed_scaling_factor: float = 1.0
+    router: object  # a config of ms_swiglu.routing
     shared_intermediate_size: int = 0
     shared_expert_gate: bool = False
 
@@ -169,21 +166,23 @@ class _Raw:
 def _moe(model_type, c, layers):
     """(MoEConfig, sparse layers) of an MoE family (the defaults are transformers' config classes')."""
     if model_type == "mixtral":
-        moe = MoEConfig(c.int("num_local_experts"), c.int("num_experts_per_tok"), c.int("intermediate_size"), True)
+        moe = MoEConfig(c.int("num_local_experts"), c.int("num_experts_per_tok"), c.int("intermediate_size"),
+                        Softmax(renormalize=True))
         return moe, frozenset(layers)
     if model_type in ("qwen2_moe", "qwen3_moe"):
         shared = c.int("shared_expert_intermediate_size", 5632, minimum=0) if model_type == "qwen2_moe" else 0
         moe = MoEConfig(c.int("num_experts"), c.int("num_experts_per_tok"), c.int("moe_intermediate_size"),
-                        c.bool("norm_topk_prob", False), shared_intermediate_size=shared,
+                        Softmax(renormalize=c.bool("norm_topk_prob", False)), shared_intermediate_size=shared,
                         shared_expert_gate=bool(shared))
         dense, step = set(c.ints("mlp_only_layers")), c.int("decoder_sparse_step", 1)
         return moe, frozenset(i for i in layers if i not in dense and (i + 1) % step == 0)
     c.str("scoring_func", ["sigmoid"])  # DeepSeek-V3's noaux_tc routing; V2's softmax/greedy are not it
     c.str("topk_method", ["noaux_tc"])
     inter = c.int("moe_intermediate_size")
-    moe = MoEConfig(c.int("n_routed_experts"), c.int("num_experts_per_tok"), inter, c.bool("norm_topk_prob", True),
-                    scoring="sigmoid", n_group=c.int("n_group", 8), topk_group=c.int("topk_group", 4),
-                    routed_scaling_factor=c.float("routed_scaling_factor", 2.5),
+    router = SigmoidGroups(renormalize=c.bool("norm_topk_prob", True), n_group=c.int("n_group", 8),
+                           topk_group=c.int("topk_group", 4),
+                           routed_scaling_factor=c.float("routed_scaling_factor", 2.5))
+    moe = MoEConfig(c.int("n_routed_experts"), c.int("num_experts_per_tok"), inter, router,
                     shared_intermediate_size=c.int("n_shared_experts", 1, minimum=0) * inter)
     first, freq = c.int("first_k_dense_replace", 3, minimum=0), c.int("moe_layer_freq", 1)
     return moe, frozenset(i for i in layers if i >= first and i % freq == 0)

@@ -57,8 +57,8 @@ def _marked(marker):
 
 
 def _end_job(proc, marker):
-    """End msrun's process group and every process of the job: msrun starts the scheduler and the workers in
-    sessions of their own, so they are found by the work folder in their command line."""
+    """End msrun's process group and every process of the job: msrun starts the scheduler and the workers with
+    setsid (outside its group), so they are found by the work folder in their command line."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)

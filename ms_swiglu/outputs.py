@@ -10,7 +10,6 @@ the same target. What a kill leaves is said by each caller (the README's "What a
 import contextlib
 import errno
 import os
-import shutil
 import uuid
 
 from ms_swiglu import paths, signals
@@ -151,8 +150,8 @@ class OutputSet:
         return False
 
 
-def copy_into(path, source, force=False):
-    """Copy the file ``source`` to ``path`` as one whole new file (or, with ``force``, a replaced one)."""
+def write_file(path, writer, force=False):
+    """``writer(temporary path)`` writes ``path`` as one whole new file (or, with ``force``, a replaced one)."""
     with OutputSet([path], force) as out:
-        out.write(out.paths[0], lambda tmp: shutil.copyfile(source, tmp))
+        out.write(out.paths[0], writer)
         out.commit()

@@ -13,7 +13,6 @@ import sys
 import tempfile
 
 
-
 def python(module, *args):
     """The command line that runs ``python -I -m module args`` with this interpreter."""
     return [sys.executable, "-I", "-m", module, *map(str, args)]

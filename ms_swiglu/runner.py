@@ -8,7 +8,7 @@ import numpy as np
 
 from ms_swiglu import paths, signals
 from ms_swiglu.errors import InputError
-from ms_swiglu.outputs import OutputSet
+from ms_swiglu.outputs import write_file
 
 
 def available_memory():
@@ -72,9 +72,7 @@ def read_input(path, hidden):
 
 def save_npy(path, array, force=False):
     """``np.save`` as one whole file: a new one, or with ``force`` a replaced one (``ms_swiglu.outputs``)."""
-    with OutputSet([path], force) as out:
-        out.write(out.paths[0], lambda tmp: _save(tmp, array))
-        out.commit()
+    write_file(path, lambda tmp: _save(tmp, array), force)
 
 
 def _save(path, array):

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from ms_swiglu.outputs import copy_into
+from ms_swiglu.outputs import write_file
 from ms_swiglu.processes import alive, safe_environment
 
 from ms_swiglu.errors import InputError
@@ -140,7 +140,7 @@ def launch(args, x, out):
                 if line.startswith("device "):
                     print(line.rstrip())
         if out:
-            copy_into(out, os.path.join(work, "output.npy"), args.force)
+            write_file(out, lambda tmp: shutil.copyfile(os.path.join(work, "output.npy"), tmp), args.force)
             print(f"wrote {out}")
         return 0
     finally:

@@ -38,7 +38,7 @@ setup(
     version="0.1.0",
     description="Packed gate/up SwiGLU MLP for MindSpore: fused kernels, HF loaders, Ascend export",
     packages=["ms_swiglu", "ms_swiglu.backends", "ms_swiglu.backends.cpu", "ms_swiglu.checkpoint",
-              "ms_swiglu.launch", "ms_swiglu.export", "ms_swiglu.tools"],
+              "ms_swiglu.families", "ms_swiglu.quant", "ms_swiglu.launch", "ms_swiglu.export", "ms_swiglu.tools"],
     package_dir={"ms_swiglu": "ms_swiglu", "ms_swiglu.export": "export", "ms_swiglu.tools": "tools"},
     ext_modules=[kernels, sigorigin, probes],
     python_requires=">=3.9",

@@ -41,7 +41,7 @@ def _moe(moe):
     router = moe.router
     low = router.weight.dtype == moe.compute_dtype  # logits rounded to the model dtype (softmax routers)
     roundings, gemms = (1 if low else 0), 1
-    local = moe.experts.gate_up_proj.shape[-1 if moe.experts.in_out else -2] // 2
+    local = moe.experts.unstore(tuple(moe.experts.gate_up_proj.shape))[-2] // 2
     reduction = max(moe.hidden_size, local)
     roundings += 3 + 1 + 1 + (4 if moe.quant else 0)  # gate_up, SwiGLU, down; routing weights; combine; antiquant
     gemms += 2

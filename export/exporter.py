@@ -10,13 +10,13 @@ Every graph is straight-line (no token is handled before it, by the Cells). Ever
 moved into place: the MindIR is read back and its op types checked (ascend: an allow-list and the support table,
 never Custom); golden outputs are computed in float32 from exactly the weights and inputs the device gets; a
 computation in the dtype is held against them by the acceptance criterion (``verify_on_device``): the reloaded
-MindIR where it runs here (portable, cpu), else the CPU twin of the network. Files are built in a temporary folder
-and renamed into the output folder; an existing export is replaced only with ``force``; files of no export there
-are never touched.
+MindIR where it runs here (portable, cpu), else the CPU twin of the network. The model file, the kit and the
+manifest are one ``ms_swiglu.outputs.FolderSet``: built in a hidden folder inside the output folder and put in place
+together, the manifest last; an existing export is replaced only with ``force``; files of no export there are
+never touched.
 """
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import re
@@ -30,9 +30,10 @@ from ms_swiglu.backends import ascend_support, chips
 from ms_swiglu.checkpoint import read_config, to_bf16_bits
 from ms_swiglu.config import preset as preset_shape
 from ms_swiglu.errors import InputError
-from ms_swiglu.packing import group_size
-from ms_swiglu import paths, processes, signals
-from ms_swiglu.processes import alive, python
+from ms_swiglu import quant as formats
+from ms_swiglu import processes, signals
+from ms_swiglu.outputs import FolderSet
+from ms_swiglu.processes import python
 from ms_swiglu.export.kit import AIR_DEFAULT_SHAPE, atc_command, converter_command, converter_config, write_scripts
 from ms_swiglu.export.chain import chain
 from ms_swiglu.export.mindir import int8_parameters, op_types, rename_input
@@ -40,16 +41,11 @@ from ms_swiglu.export.verify_on_device import UNIT_ROUNDOFF, acceptance, check, 
 
 # export target -> the backend whose graph it exports
 TARGETS = {"ascend": "ascend", "portable": "composite", "cpu": "cpu"}
-WORK_PREFIX = ".ms_swiglu-export-"
 INPUT_NAME = "x"  # the MindIR's input, renamed: MindSpore's own names hold ":", converter_lite's separator
-ARTIFACTS = ("manifest.json", "converter_lite.cfg", "convert_lite.sh", "export_air.sh", "verify_on_device.py", "golden")
+# the kit beside the model file; "golden/" is a folder
+ARTIFACTS = ("manifest.json", "converter_lite.cfg", "convert_lite.sh", "export_air.sh", "verify_on_device.py",
+             "golden/")
 KIT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verify_on_device.py")
-
-
-def _quant_format(quant):
-    g = group_size(quant)
-    scales = f"a float32 scale per {g} inputs of each output row" if g else "a float32 scale per output row"
-    return f"int8, {scales} (w = scale * q), activations in the dtype"
 
 
 class ExportError(InputError):
@@ -153,11 +149,12 @@ def _check_ops(found, target):
     backend = backends.get(TARGETS[target])
     owners = {}  # op type -> the backends it marks
     for name in backends.REGISTRY:
-        for op in backends.get(name).graph_ops:
+        for op in backends.get(name).facts.graph_ops:
             owners.setdefault(op, set()).add(name)
-    missing = sorted(backend.graph_ops - set(found))
-    foreign = sorted(op for op in found if op in owners and op not in backend.graph_ops)
-    extra = sorted(set(found) - backend.allowed_ops) if backend.allowed_ops is not None else []
+    facts = backend.facts
+    missing = sorted(facts.graph_ops - set(found))
+    foreign = sorted(op for op in found if op in owners and op not in facts.graph_ops)
+    extra = sorted(set(found) - facts.allowed_ops) if facts.allowed_ops is not None else []
     where = f"export --target {target}"
     if foreign:
         raise ExportError(f"{where}: expected no {', '.join(foreign)} op (it marks the "
@@ -166,7 +163,7 @@ def _check_ops(found, target):
         raise ExportError(f"{where}: expected the {', '.join(missing)} op of the {backend.name} backend, got op types "
                           f"{found}")
     if extra:
-        raise ExportError(f"{where}: expected only ops of {sorted(backend.allowed_ops)}, got {extra}")
+        raise ExportError(f"{where}: expected only ops of {sorted(facts.allowed_ops)}, got {extra}")
 
 
 # what carries int8 weights in an ascend graph: the dense projections, the grouped experts
@@ -217,16 +214,18 @@ def _golden_net(req, net):
 
     gold = _build(dataclasses.replace(req, dtype="float32"), "composite")[0]
     stored = dict(net.parameters_and_names())
-    # experts stored [E, in, out] (the ascend backend's layout: StackedExperts.in_out) go back to [E, out, in]
-    in_out = {f"{prefix}.{name}" for prefix, cell in net.cells_and_names() if getattr(cell, "in_out", False)
-              for name in ("gate_up_proj", "down_proj")}
+    from ms_swiglu.moe import StackedExperts  # noqa: PLC0415
+
+    # stacked experts go back to [E, out, in] from the layout their backend holds them in
+    unstore = {f"{prefix}.{name}": cell.unstore for prefix, cell in net.cells_and_names()
+               if isinstance(cell, StackedExperts) for name in ("gate_up_proj", "down_proj")}
     for name, p in gold.parameters_and_names():
         if name not in stored:
             raise VerificationError(f"export: expected parameter {name} in the exported network, got none")
         w = stored[name]
         a = w.asnumpy() if w.dtype == ms.int8 else w.astype(ms.float32).asnumpy()
-        if name in in_out:
-            a = np.ascontiguousarray(np.swapaxes(a, -1, -2))
+        if name in unstore:
+            a = unstore[name](a)
         if a.shape != tuple(p.shape):
             raise VerificationError(f"export: expected {name} of shape {tuple(p.shape)}, got {a.shape}")
         p.set_data(ms.Tensor(a, dtype=p.dtype))
@@ -259,63 +258,6 @@ def _ambiguous_tokens(gold, twin, x32, xd, dtype):
     a = np.sort(gold.router(x32.reshape(-1, h))[1].asnumpy(), -1)
     b = np.sort(twin.router(xd.reshape(-1, h))[1].asnumpy(), -1)
     return [int(t) for t in np.nonzero(near | (a != b).any(-1))[0]]
-
-
-def _prepare_output(req, names):
-    """Check the output folder and clobbering before any work; returns the folder (absolute). An artifact's name
-    taken by something else than that artifact (a file named ``golden``) is refused even with --force."""
-    out = os.path.abspath(req.output_dir)
-    parent = out if os.path.isdir(out) else os.path.dirname(out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ExportError(f"--output-dir: expected a folder, got a file {out}")
-    if not os.path.isdir(parent):
-        raise ExportError(f"--output-dir: expected an existing parent folder, found none at {parent}")
-    try:
-        tempfile.TemporaryFile(dir=parent).close()
-    except OSError as exc:
-        raise ExportError(f"--output-dir: expected a writable folder, got {parent} ({exc.strerror})") from None
-    for n in names:
-        path = os.path.join(out, n)
-        found, want = paths.kind(path, follow=False), "a folder" if n == "golden" else "a regular file"
-        if found not in (None, want):
-            raise ExportError(f"--output-dir: expected {path} to be an earlier export's {want[2:]}, got {found}; "
-                              f"move it away")
-    existing = [n for n in names if os.path.lexists(os.path.join(out, n))]
-    if existing and not req.force:
-        raise ExportError(f"--output-dir: expected no earlier export in {out}, found {', '.join(existing)} "
-                          f"(use --force to replace them)")
-    return out
-
-
-LOCK = ".ms_swiglu-export-lock"  # flock-ed while an export writes; removed after it
-
-
-@contextlib.contextmanager
-def _locked(out):
-    """Hold the export lock of folder ``out`` (created if missing, and removed again if the export fails and
-    leaves it empty): a second export to the same folder fails at once instead of racing this one."""
-    created = not os.path.isdir(out)
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, LOCK)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ExportError(f"--output-dir: expected no other export writing to {out}, found one (its lock "
-                              f"{path} is held)") from None
-        if os.fstat(fd).st_ino != os.stat(path).st_ino:  # the holder before us removed it as we opened it
-            raise ExportError(f"--output-dir: expected no other export writing to {out}, found one finishing")
-        ok = False
-        try:
-            yield
-            ok = True
-        finally:
-            os.remove(path)
-            if created and not ok and not os.listdir(out):
-                os.rmdir(out)
-    finally:
-        os.close(fd)
 
 
 def export(req):
@@ -352,81 +294,75 @@ def export(req):
     name = req.name(model)
     fmt = "AIR" if req.air else "MINDIR"
     model_file = f"{name}.{fmt.lower()}"
-    out = _prepare_output(req, (model_file,) + ARTIFACTS)
     backend = backends.get(TARGETS[req.target])
     runs_here = backend.runs_on(device)
-    # the dtype computation held against the golden outputs here: the network itself where it runs on this
-    # device, else its twin (e.g. Swiglu has no CPU kernel: the cpu backend (int8: its kernels) or composite)
-    twin = net if runs_here else _build(req, "cpu" if req.quant and device == "CPU" else "composite")[0]
-    gold = _golden_net(req, net)
-
-    with _locked(out):
-        _prepare_output(req, (model_file,) + ARTIFACTS)  # again, under the lock: another export may have ended
+    with FolderSet(req.output_dir, [model_file, *ARTIFACTS], req.force, label="--output-dir", noun="export",
+                   manifest="manifest.json") as out:
+        work = out.stage
+        # the dtype computation held against the golden outputs here: the network itself where it runs on this
+        # device, else its twin (e.g. Swiglu has no CPU kernel: the cpu backend (int8: its kernels) or composite)
+        twin = net if runs_here else _build(req, "cpu" if req.quant and device == "CPU" else "composite")[0]
+        gold = _golden_net(req, net)
         ms_dtype = getattr(ms, req.dtype)
         shape = list(req.static_shape or (-1, -1)) + [hidden]
-        _remove_stale_work(out)
-        work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=out)
-        try:
-            net.set_inputs(ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype))
-            _ms_export(net, ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype),
-                       os.path.join(work, model_file), fmt)
-            signals.pause_point("export-written")
-            found = op_types(os.path.join(work, model_file)) if fmt == "MINDIR" else []
-            if fmt == "MINDIR":
-                _check_ops(found, req.target)
-                _check_int8(net, os.path.join(work, model_file), found, req.target)
-                rename_input(os.path.join(work, model_file), INPUT_NAME)  # a name converter_lite's syntax takes
-            if req.target == "ascend":
-                why = ascend_support.refusal(found, chip.key, req.dtype)
-                if why:
-                    raise ExportError(f"--target ascend --chip {chip.key}: {why}; export --target portable for it")
-            criterion = acceptance(req.dtype, **chain(net))
-            golden, twin_cases = _write_golden(req, work, hidden, gold, twin, criterion)
-            shutil.copyfile(KIT_SCRIPT, os.path.join(work, "verify_on_device.py"))
-            deployable = bool(backend.deployable)
-            paths = _runtime_paths(req.target, found)
-            with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
-                f.write(converter_config(INPUT_NAME, shape, req.dtype, chip))
-            converter = converter_command(name, INPUT_NAME, shape)
-            air_name = dataclasses.replace(req, static_shape=req.static_shape or AIR_DEFAULT_SHAPE, air=True).name(model)
-            write_scripts(work, name, req, converter, air_name, deployable, chip, paths["ge"]["missing"])
+        net.set_inputs(ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype))
+        _ms_export(net, ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype),
+                   os.path.join(work, model_file), fmt)
+        signals.pause_point("export-written")
+        found = op_types(os.path.join(work, model_file)) if fmt == "MINDIR" else []
+        if fmt == "MINDIR":
+            _check_ops(found, req.target)
+            _check_int8(net, os.path.join(work, model_file), found, req.target)
+            rename_input(os.path.join(work, model_file), INPUT_NAME)  # a name converter_lite's syntax takes
+        if req.target == "ascend":
+            why = ascend_support.refusal(found, chip.key, req.dtype)
+            if why:
+                raise ExportError(f"--target ascend --chip {chip.key}: {why}; export --target portable for it")
+        criterion = acceptance(req.dtype, **chain(net))
+        golden, twin_cases = _write_golden(req, work, hidden, gold, twin, criterion)
+        shutil.copyfile(KIT_SCRIPT, os.path.join(work, "verify_on_device.py"))
+        deployable = bool(backend.facts.deployable)
+        paths = _runtime_paths(req.target, found)
+        with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
+            f.write(converter_config(INPUT_NAME, shape, req.dtype, chip))
+        converter = converter_command(name, INPUT_NAME, shape)
+        air_name = dataclasses.replace(req, static_shape=req.static_shape or AIR_DEFAULT_SHAPE, air=True).name(model)
+        write_scripts(work, name, req, converter, air_name, deployable, chip, paths["ge"]["missing"])
 
-            manifest = {
-                "name": name, "format": fmt, "model_file": model_file, "target": req.target, "deployable": deployable,
-                "runtime_paths": paths,
-                "chip": {"name": chip.name, "key": chip.key, "soc_family": chip.soc_family} if req.target != "cpu" else None,
-                "source": {"checkpoint": os.path.basename(os.path.normpath(req.checkpoint)) if req.checkpoint else None,
-                           "preset": req.preset, "seed": None if req.checkpoint else req.seed, "model": model,
-                           "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP or MoE -> residual)"
-                           if req.stack else type(net).__name__},
-                "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype, "moe": _moe_note(req),
-                "weights": {"quant": req.quant, "format": _quant_format(req.quant)} if req.quant else {"quant": None},
-                "inputs": [{"name": INPUT_NAME, "shape": shape, "dtype": req.dtype, "dynamic": [i for i, d in
-                                                                                            enumerate(shape) if d < 0],
-                            "tokens": {"min": 1, "max": None}}],
-                "outputs": [{"shape": shape, "dtype": req.dtype}],
-                "zero_tokens": "not in the graph: the Cells return [..., 0, H] without calling it",
-                "op_types": found,
-                "golden": golden,
-                "acceptance": criterion,
-                "checked": {"graph": True, "golden": "cpu twin" if not runs_here else
-                            "reloaded MindIR on the CPU" if device == "CPU" else f"reloaded MindIR on {device}",
-                            "device": device == "Ascend" and runs_here},
-                "verification": {"op_types": "ok", "straight_line": True,
-                                 "allowed_ops": sorted(backend.allowed_ops) if backend.allowed_ops else None,
-                                 "cpu_twin": twin_cases},
-                "converter_command": converter,
-                "atc_command": atc_command(air_name),
-                "files": {},
-            }
+        manifest = {
+            "name": name, "format": fmt, "model_file": model_file, "target": req.target, "deployable": deployable,
+            "runtime_paths": paths,
+            "chip": {"name": chip.name, "key": chip.key, "soc_family": chip.soc_family} if req.target != "cpu" else None,
+            "source": {"checkpoint": os.path.basename(os.path.normpath(req.checkpoint)) if req.checkpoint else None,
+                       "preset": req.preset, "seed": None if req.checkpoint else req.seed, "model": model,
+                       "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP or MoE -> residual)"
+                       if req.stack else type(net).__name__},
+            "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype, "moe": _moe_note(req),
+            "weights": {"quant": req.quant, "format": formats.get(req.quant).summary} if req.quant else {"quant": None},
+            "inputs": [{"name": INPUT_NAME, "shape": shape, "dtype": req.dtype, "dynamic": [i for i, d in
+                                                                                        enumerate(shape) if d < 0],
+                        "tokens": {"min": 1, "max": None}}],
+            "outputs": [{"shape": shape, "dtype": req.dtype}],
+            "zero_tokens": "not in the graph: the Cells return [..., 0, H] without calling it",
+            "op_types": found,
+            "golden": golden,
+            "acceptance": criterion,
+            "checked": {"graph": True, "golden": "cpu twin" if not runs_here else
+                        "reloaded MindIR on the CPU" if device == "CPU" else f"reloaded MindIR on {device}",
+                        "device": device == "Ascend" and runs_here},
+            "verification": {"op_types": "ok", "straight_line": True,
+                             "allowed_ops": sorted(backend.facts.allowed_ops) if backend.facts.allowed_ops else None,
+                             "cpu_twin": twin_cases},
+            "converter_command": converter,
+            "atc_command": atc_command(air_name),
+            "files": {},
+        }
+        _write_manifest(work, manifest)
+        if runs_here and fmt == "MINDIR":
+            manifest["verification"]["reloaded"] = _verify_kit(work, model_file, device)
             _write_manifest(work, manifest)
-            if runs_here and fmt == "MINDIR":
-                manifest["verification"]["reloaded"] = _verify_kit(work, model_file, device)
-                _write_manifest(work, manifest)
-            _move_into_place(work, out, [model_file] + list(ARTIFACTS), _earlier_export(out))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        return manifest
+        out.commit()
+    return manifest
 
 
 def _write_manifest(work, manifest):
@@ -494,54 +430,6 @@ def _moe_note(req):
     return dict(dataclasses.asdict(config.moe), router=router, sparse_layers=sparse)
 
 
-def _remove_stale_work(folder):
-    """Work folders of exports that were killed (their process is gone) are removed; live ones are kept."""
-    for entry in os.listdir(folder):
-        if not entry.startswith(WORK_PREFIX):
-            continue
-        pid = entry[len(WORK_PREFIX):].split("-")[0]
-        if pid.isdigit() and not alive(int(pid)):
-            shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
-
-
-def _earlier_export(out):
-    """The top-level names an earlier export's manifest in ``out`` vouches for (itself included), or none."""
-    try:
-        with open(paths.input_file(os.path.join(out, "manifest.json"), "--output-dir")) as f:
-            files = json.load(f)["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    names = {str(name).split("/")[0] for name in files} | {"manifest.json"}
-    return sorted(n for n in names if n not in ("", ".", "..") and os.path.basename(n) == n)
-
-
-def _move_into_place(work, out, names, earlier=()):
-    """Rename the artifacts ``names`` from ``work`` into ``out``, and move away what an earlier export there
-    vouched for (``earlier``), so that the folder holds exactly one export. The earlier manifest goes first and
-    the new one comes last, so that a manifest marks a whole export at every moment; no signal stops the moves
-    half-way, and a failure puts the earlier export back."""
-    kept = os.path.join(work, ".replaced")
-    os.mkdir(kept)
-    moved, replaced = [], []
-    with signals.deferred():
-        try:
-            for name in sorted(set(names) | set(earlier), key=lambda n: (n != "manifest.json", n)):
-                if os.path.lexists(os.path.join(out, name)):
-                    os.replace(os.path.join(out, name), os.path.join(kept, name))
-                    replaced.append(name)
-                    signals.pause_point("export-move")
-            for name in sorted(names, key=lambda n: n == "manifest.json"):  # the new manifest comes last
-                os.replace(os.path.join(work, name), os.path.join(out, name))
-                moved.append(name)
-                signals.pause_point("export-move")
-        except BaseException:
-            for name in moved:
-                _remove(os.path.join(out, name))
-            for name in replaced:
-                os.replace(os.path.join(kept, name), os.path.join(out, name))
-            raise
-
-
 _MS_FILE_NAME = re.compile(r"^[0-9a-zA-Z@\_\-\.\:\/\\]+$")  # what mindspore.export accepts as a path
 
 
@@ -573,9 +461,3 @@ def _ms_export(net, sample, path, fmt):
         if target != path:
             shutil.move(target, path)
 
-
-def _remove(path):
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    else:
-        os.remove(path)

@@ -13,12 +13,13 @@ _EXPORTS = {
     "ms_swiglu.config": ["PRESETS", "preset"],
     "ms_swiglu.mlp": ["PackedSwiGLUMLP", "SwiGLUMLP", "to_packed", "to_quantized", "to_unpacked"],
     "ms_swiglu.packing": ["pack_gate_up", "pack_state_dict", "shard_down", "shard_packed", "unpack_gate_up",
-                          "unpack_state_dict", "unshard_down", "unshard_packed", "reshard", "quantize_int8",
-                          "dequantize_int8", "quantize_state_dict"],
+                          "unpack_state_dict", "unshard_down", "unshard_packed", "reshard"],
+    "ms_swiglu.quant": ["quantize_state_dict"],
+    "ms_swiglu.quant.int8": ["quantize_int8", "dequantize_int8"],
     "ms_swiglu.moe": ["PackedMoE"],
     "ms_swiglu.ffn": ["FFNBlock", "FFNStack", "RMSNorm"],
     "ms_swiglu.checkpoint": ["ModelConfig", "CheckpointError", "read_config", "load_dense_layer",
-                             "load_moe_layer"],
+                             "load_moe_layer", "open_checkpoint"],
     "ms_swiglu.checkpoint.load": ["load_mlp", "load_moe", "load_ffn"],
 }
 _WHERE = {entry.split("=")[0]: (module, entry.split("=")[-1]) for module, entries in _EXPORTS.items()

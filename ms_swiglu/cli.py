@@ -16,13 +16,13 @@ import numpy as np
 
 from ms_swiglu.backends import NAMES as BACKENDS
 from ms_swiglu.backends.chips import BY_KEY as CHIPS, DEFAULT as DEFAULT_CHIP
-from ms_swiglu.checkpoint import read_config
-from ms_swiglu.checkpoint.converted import ConvertedFile, convert, is_converted
+from ms_swiglu.checkpoint.converted import convert
+from ms_swiglu.checkpoint.source import open_checkpoint
 from ms_swiglu.config import DTYPE_BYTES, DTYPE_NAMES, PRESETS
 from ms_swiglu import signals
 from ms_swiglu.errors import ArgumentParser, InputError
 from ms_swiglu.outputs import check_writable
-from ms_swiglu.packing import QUANT
+from ms_swiglu.quant import names as quant_names
 from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import end_line, progress
 from ms_swiglu.runner import check_fits, layer_bytes, read_input, run_layer
@@ -58,26 +58,17 @@ def _layers(spec, config):
     return layers
 
 
-def _check_quantize(config, converted, tp_size, layers, quant):
-    """tp_size and --quantize against the checkpoint (``converted``: its converted file, or None): a quantized file
-    takes only its own format; a quantization at load must fit the ranks' sizes (int8-g128: whole groups)."""
-    if converted is not None:
-        converted.check_quant(quant)
-    config.check_tp(tp_size, layers, None if converted is not None and converted.quant else quant)
-
-
 def cmd_run(args):
     _count("--tokens", args.tokens)
     _count("--repeat", args.repeat)
     _count("--tp-size", args.tp_size)
     if args.master_port is not None and not 1 <= args.master_port <= 65535:
         raise UsageError(f"--master-port: expected a port in 1..65535, got {args.master_port}")
-    config = read_config(args.checkpoint)
+    ckpt = open_checkpoint(args.checkpoint)
+    config = ckpt.config
     config.check_layer(args.layer)
-    converted = ConvertedFile.whole_set(args.checkpoint, args.tp_size) if is_converted(args.checkpoint) else None
-    if converted is not None:  # every rank's file of one conversion with this --tp-size, holding the layer
-        converted.check_layer(args.layer)
-    _check_quantize(config, converted, args.tp_size, [args.layer], args.quantize)
+    # converted files: every rank's file of one conversion with this --tp-size, holding the layer
+    ckpt.check([args.layer], args.tp_size, args.quantize)
     x = read_input(args.input, config.hidden_size) if args.input is not None else None
     check_fits("--input" if x is not None else "--tokens",
                layer_bytes(config, args.layer, x.size // config.hidden_size if x is not None else args.tokens))
@@ -88,9 +79,8 @@ def cmd_run(args):
         from ms_swiglu.launch.msrun import launch  # noqa: PLC0415
 
         return launch(args, x, out)
-    checkpoint = os.path.abspath(args.checkpoint)  # (relative to the user's folder, not the scratch one)
     with scratch_cwd():  # MindSpore and AKG write compile files into the working directory
-        run_layer(checkpoint, args.layer, x, config=config, dtype=args.dtype,
+        run_layer(ckpt, args.layer, x, dtype=args.dtype,
                   backend=args.backend, repeat=args.repeat, output=out, force=args.force, quant=args.quantize)
     return 0
 
@@ -121,7 +111,8 @@ def cmd_export(args):
     from ms_swiglu.export.exporter import ExportRequest, export  # noqa: PLC0415
 
     if args.checkpoint:
-        config = read_config(args.checkpoint)
+        ckpt = open_checkpoint(args.checkpoint)
+        config = ckpt.config
         if args.layer is None and args.layers is None:
             raise UsageError("export: expected --layer N or --layers A-B with --checkpoint, got neither")
         if args.layers is not None:
@@ -129,8 +120,7 @@ def cmd_export(args):
         else:
             config.check_layer(args.layer)
             layers = range(args.layer, args.layer + 1)
-        converted = ConvertedFile.any_rank(args.checkpoint) if is_converted(args.checkpoint) else None
-        _check_quantize(config, converted, 1, layers, args.quantize)
+        ckpt.check(layers, 1, args.quantize)
     else:
         if args.layer is not None:
             raise UsageError("export: expected --layers A-B (a stack of blocks) with --preset, got --layer")
@@ -170,7 +160,7 @@ def build_parser():
     run = sub.add_parser("run", help="run the packed MLP of one checkpoint layer in GRAPH_MODE")
     run.add_argument("--checkpoint", required=True,
                      help="HuggingFace checkpoint folder, or FILE.safetensors written by convert")
-    run.add_argument("--quantize", choices=QUANT, help="weight-only quantization at load (a converted file keeps "
+    run.add_argument("--quantize", choices=quant_names(), help="weight-only quantization at load (a converted file keeps "
                                                        "its own)")
     run.add_argument("--layer", type=int, required=True)
     run.add_argument("--input", help="float .npy of shape [..., hidden_size]")
@@ -192,7 +182,7 @@ def build_parser():
     conv.add_argument("--layers", help="A-B (default: all)")
     conv.add_argument("--tp-size", type=int, default=1)
     conv.add_argument("--dtype", choices=DTYPE_NAMES, help="default: the checkpoint's")
-    conv.add_argument("--quantize", choices=QUANT,
+    conv.add_argument("--quantize", choices=quant_names(),
                       help="int8: the projections weight-only int8 with a float32 scale per output row; "
                            "int8-g128: a scale per 128 inputs of each row")
     conv.add_argument("--force", action="store_true")
@@ -201,7 +191,7 @@ def build_parser():
     exp = sub.add_parser("export", help="write a verified MindIR and an Ascend deployment kit")
     src = exp.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="HuggingFace checkpoint folder, or FILE.safetensors written by convert")
-    exp.add_argument("--quantize", choices=QUANT, help="weight-only quantization at load (a converted file keeps "
+    exp.add_argument("--quantize", choices=quant_names(), help="weight-only quantization at load (a converted file keeps "
                                                        "its own)")
     src.add_argument("--preset", choices=sorted(PRESETS), help="seeded random weights of a known shape")
     exp.add_argument("--layer", type=int, help="the MLP of this layer (with --checkpoint)")

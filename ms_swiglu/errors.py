@@ -11,6 +11,10 @@ class InputTypeError(InputError, TypeError):
     """Input of the wrong type (a TypeError too)."""
 
 
+class CheckpointError(InputError):
+    """A checkpoint that is missing, malformed, or disagrees with its config.json."""
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose errors are :class:`InputError` s (one line, exit 2 in the CLI), not a usage dump."""
 

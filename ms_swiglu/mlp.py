@@ -7,12 +7,13 @@ import numpy as np
 from mindspore import ops
 from mindspore.common import dtype as mstype
 
+from ms_swiglu import quant as formats
 from ms_swiglu.backends import resolve
 from ms_swiglu.cells import TokenCell
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
 from ms_swiglu.linear import Dense, Linear
-from ms_swiglu.packing import check_quant, check_tp, pack_state_dict, quantize_state_dict, unpack_state_dict
+from ms_swiglu.packing import check_tp, pack_state_dict, unpack_state_dict
 from ms_swiglu.parallel import reduce_cell
 
 
@@ -42,9 +43,10 @@ class PackedSwiGLUMLP(TokenCell):
         self.compute_dtype = dtype = to_dtype(dtype)
         check_tp(intermediate_size, tp_size)
         self.hidden_size, self.intermediate_size, self.tp_size = hidden_size, intermediate_size, tp_size
-        self.backend, local, self.quant = resolve(backend), intermediate_size // tp_size, check_quant(quant)
-        self.gate_up_proj = Linear(hidden_size, 2 * local, dtype=dtype, backend=self.backend, swiglu=True, quant=quant)
-        self.down_proj = Linear(local, hidden_size, dtype=dtype, backend=self.backend, quant=quant)
+        method = formats.get(quant)
+        self.backend, local, self.quant = resolve(backend), intermediate_size // tp_size, formats.name(method)
+        self.gate_up_proj = Linear(hidden_size, 2 * local, dtype=dtype, backend=self.backend, swiglu=True, quant=method)
+        self.down_proj = Linear(local, hidden_size, dtype=dtype, backend=self.backend, quant=method)
         self.reduce = reduce_cell(tp_size)
 
     def construct(self, x):
@@ -89,8 +91,8 @@ def to_quantized(packed, quant="int8", backend=None):
     if packed.quant:
         raise InputError(f"to_quantized: expected a float PackedSwiGLUMLP, got one quantized to {packed.quant}")
     mlp = PackedSwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=packed.compute_dtype,
-                          backend=backend or packed.backend, tp_size=packed.tp_size, quant=check_quant(quant))
-    return load_weights(mlp, quantize_state_dict(weights(packed), quant))
+                          backend=backend or packed.backend, tp_size=packed.tp_size, quant=formats.get(quant))
+    return load_weights(mlp, formats.quantize_state_dict(weights(packed), quant))
 
 
 def to_unpacked(packed):

@@ -8,54 +8,47 @@ k = top_k, p = tp_size, I_s = shared_intermediate_size.
     out += [sigmoid(shared_expert_gate(x)) *] shared_expert(x)      # Qwen2-MoE (gated), DeepSeek-V3
 """
 import mindspore as ms
-import numpy as np
-from mindspore import Parameter, nn, ops
+from mindspore import nn, ops
 from mindspore.common import dtype as mstype
-from mindspore.common.initializer import HeUniform, initializer
 
+from ms_swiglu import quant as formats
 from ms_swiglu.backends import resolve
 from ms_swiglu.backends.matmul import cpu_upcast
 from ms_swiglu.cells import TokenCell
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
-from ms_swiglu.linear import Dense, int8_parameters
+from ms_swiglu.linear import Dense
 from ms_swiglu.mlp import PackedSwiGLUMLP
-from ms_swiglu.packing import check_quant, check_tp, scale_shape
+from ms_swiglu.packing import check_tp
 from ms_swiglu.parallel import reduce_cell
 from ms_swiglu.routing import router_config
 
 
 class StackedExperts(nn.Cell):
     """E packed SwiGLU experts as two stacked Parameters, run by the backend's experts op (``Backend.experts``):
-    every tensor's shape depends on T only, and neither the graph nor the build grows with E.
+    every tensor's shape depends on T only, and neither the graph nor the build grows with E. The op says how it
+    holds the stacked weights (:meth:`store`); loaders hand it ``[E, out, in]``.
 
     Shapes:
         x: [T, H]    ids: [T, k] int32    weights: [T, k] float32    out: [T, H]
-        gate_up_proj: [E, 2I/p, H] (each expert [gate_e; up_e])    down_proj: [E, H, I/p]
-        (backends with ``experts_in_out``: [E, H, 2I/p] and [E, I/p, H], converted by :meth:`layout`)
+        gate_up_proj: [E, 2I/p, H] (each expert [gate_e; up_e])    down_proj: [E, H, I/p]   (as the op stores them)
     """
 
     def __init__(self, hidden_size, intermediate_size, num_experts, *, dtype, backend, quant=None):
         super().__init__()
-        self.in_out = backend.experts_in_out
-        gate_up, down = (num_experts, 2 * intermediate_size, hidden_size), (num_experts, hidden_size, intermediate_size)
-        if quant:  # int8, float32 scales per output row (or group of its inputs) of every expert
-            self.gate_up_proj, self.gate_up_proj_scale = int8_parameters(
-                self.layout(gate_up), "gate_up_proj", scale_shape(quant, gate_up[:2], hidden_size))
-            self.down_proj, self.down_proj_scale = int8_parameters(
-                self.layout(down), "down_proj", scale_shape(quant, down[:2], intermediate_size))
-        else:
-            self.gate_up_proj = Parameter(initializer(HeUniform(np.sqrt(5)), self.layout(gate_up), dtype),
-                                          name="gate_up_proj")
-            self.down_proj = Parameter(initializer(HeUniform(np.sqrt(5)), self.layout(down), dtype), name="down_proj")
-            self.gate_up_proj_scale = self.down_proj_scale = None
-        self.op = backend.experts(dtype, quant)
+        method = formats.get(quant)
+        self.op = backend.experts(dtype, method)
+        for name, shape in (("gate_up_proj", (num_experts, 2 * intermediate_size, hidden_size)),
+                            ("down_proj", (num_experts, hidden_size, intermediate_size))):
+            method.create_weights(self, name, shape, dtype, stored=self.store(shape))  # and {name}_scale
 
-    def layout(self, w):
-        """A stacked weight [E, out, in] (or its shape) as this Cell stores it."""
-        if isinstance(w, tuple):
-            return (w[0], w[2], w[1]) if self.in_out else w
-        return np.ascontiguousarray(np.swapaxes(w, 1, 2)) if self.in_out else w
+    def store(self, w):
+        """A stacked weight [E, out, in] (or its shape) as the op holds it."""
+        return self.op.store(w)
+
+    def unstore(self, w):
+        """A stacked weight as held, as [E, out, in]."""
+        return self.op.unstore(w)
 
     def construct(self, x, ids, weights):
         return self.op(x, ids, weights, self.gate_up_proj, self.down_proj, self.gate_up_proj_scale,
@@ -95,17 +88,18 @@ class PackedMoE(TokenCell):
         router = router or router_config(scoring, **router_options)
         check_tp(intermediate_size, tp_size)
         self.compute_dtype = dtype = to_dtype(dtype)
-        self.backend, self.quant = resolve(backend), check_quant(quant)
+        method = formats.get(quant)
+        self.backend, self.quant = resolve(backend), formats.name(method)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.top_k = num_experts, top_k
         self.router = router.build(hidden_size, num_experts, top_k, dtype=dtype, backend=self.backend)
         self.experts = StackedExperts(hidden_size, intermediate_size // tp_size, num_experts, dtype=dtype,
-                                      backend=self.backend, quant=quant)
+                                      backend=self.backend, quant=method)
         self.shared_expert = self.shared_expert_gate = None
         if shared_intermediate_size:
             check_tp(shared_intermediate_size, tp_size)
             self.shared_expert = PackedSwiGLUMLP(hidden_size, shared_intermediate_size // tp_size, dtype=dtype,
-                                                 backend=self.backend, quant=quant)
+                                                 backend=self.backend, quant=method)
             if shared_expert_gate:
                 self.shared_expert_gate = Dense(hidden_size, 1, dtype, self.backend)
         self.upcast = cpu_upcast(dtype, self.backend)

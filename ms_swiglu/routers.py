@@ -13,6 +13,7 @@ from mindspore import Parameter, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.common.initializer import HeUniform, initializer
 
+from ms_swiglu import quant as formats
 from ms_swiglu.backends import resolve
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
@@ -55,7 +56,7 @@ class SoftmaxTopK(nn.Cell):
         dtype = to_dtype(dtype)
         self.top_k, self.renormalize = top_k, renormalize
         self.weight = _weight(num_experts, hidden_size, dtype)
-        self.logits = resolve(backend).linear(dtype, False)
+        self.logits = resolve(backend).linear(dtype, False, formats.NONE)
 
     def construct(self, x):
         probs = ops.softmax(self.logits(x, self.weight).astype(mstype.float32), -1)  # [T, E]
@@ -95,7 +96,7 @@ class SigmoidGroupTopK(nn.Cell):
         self.last_kept = ms.Tensor(topk_group - 1, mstype.int32)  # the place of the last group kept
         self.weight = _weight(num_experts, hidden_size, mstype.float32)
         self.e_score_correction_bias = Parameter(ops.zeros(num_experts, mstype.float32), name="e_score_correction_bias")
-        self.logits = resolve(backend).linear(mstype.float32, False)
+        self.logits = resolve(backend).linear(mstype.float32, False, formats.NONE)
 
     def construct(self, x):
         scores = ops.sigmoid(self.logits(x.astype(mstype.float32), self.weight))  # [T, E]

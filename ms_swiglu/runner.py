@@ -80,15 +80,16 @@ def _save(path, array):
         np.save(f, array)
 
 
-def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repeat=3, tp_size=1, output=None,
+def run_layer(checkpoint, layer, x, *, dtype=None, backend="auto", repeat=3, tp_size=1, output=None,
               force=False, quant=None):
-    """Build the layer's FFN (this rank's part of it, having joined the launched group when tp_size > 1), run
+    """Build the layer's FFN of ``checkpoint`` (an open checkpoint, ``ms_swiglu.checkpoint.open_checkpoint``; this rank's part of it, having joined the launched group when tp_size > 1), run
     it on ``x`` [..., H], print the result line and, on rank 0, write the output as float32 ``.npy``. A backend
     without dynamic shapes (akg) is compiled for the shape of ``x``."""
     import mindspore as ms  # noqa: PLC0415 -- after the input checks: importing MindSpore takes seconds
 
     from ms_swiglu.backends import resolve  # noqa: PLC0415
     from ms_swiglu.checkpoint.load import load_block  # noqa: PLC0415
+    from ms_swiglu.checkpoint.source import open_checkpoint  # noqa: PLC0415
     from ms_swiglu.mlp import param_dtype  # noqa: PLC0415
 
     device = ms.get_context("device_target")  # the installed MindSpore's default: Ascend or CPU
@@ -103,6 +104,8 @@ def run_layer(checkpoint, layer, x, *, config, dtype=None, backend="auto", repea
         from ms_swiglu import parallel  # noqa: PLC0415
 
         rank = parallel.init(tp_size)
+    checkpoint = open_checkpoint(checkpoint)
+    config = checkpoint.config
     mlp = load_block(checkpoint, layer, dtype=dtype, backend=backend, tp_size=tp_size, rank=rank, quant=quant)
     ms_dtype = param_dtype(mlp)
     if backend.dynamic_shapes:

@@ -68,11 +68,12 @@ def _dtype_name(dt):
 
 
 # ------------------------------------------------------------------------------------------------ describing
-def _weight(w, scale, quant, in_out=False):
-    """A projection weight in the canonical layout [..., out, in]: float32 values, or int8 + float32 scales."""
+def _weight(w, scale, quant, unstore=None):
+    """A projection weight in the canonical layout [..., out, in] (``unstore``: from the layout its Cell holds it
+    in): float32 values, or int8 + float32 scales."""
     arr = _f32(w)
-    if in_out:
-        arr = np.ascontiguousarray(np.swapaxes(arr, -1, -2))
+    if unstore is not None:
+        arr = unstore(arr)
     if scale is None:
         return {"w": arr.astype(np.float32), "q": None}
     return {"w": None, "q": arr.astype(np.int8), "scale": _f32(scale).astype(np.float32), "quant": quant}
@@ -106,8 +107,8 @@ def describe(net):
             router.update(bias=_f32(r.e_score_correction_bias), n_group=r.n_group, topk_group=r.topk_group,
                           scale=float(r.scale))
         return {"kind": "moe", "dtype": _dtype_name(net.compute_dtype), "router": router,
-                "gate_up": _weight(ex.gate_up_proj, ex.gate_up_proj_scale, net.quant, ex.in_out),
-                "down": _weight(ex.down_proj, ex.down_proj_scale, net.quant, ex.in_out),
+                "gate_up": _weight(ex.gate_up_proj, ex.gate_up_proj_scale, net.quant, ex.unstore),
+                "down": _weight(ex.down_proj, ex.down_proj_scale, net.quant, ex.unstore),
                 "shared": None if net.shared_expert is None else describe(net.shared_expert),
                 "shared_gate": None if net.shared_expert_gate is None else _f32(net.shared_expert_gate.weight)}
     blocks = [c for _, c in net.cells_and_names() if isinstance(c, (FFNStack, FFNBlock, PackedMoE, PackedSwiGLUMLP))]

@@ -12,7 +12,7 @@ from ms_swiglu.export.verify_on_device import UNIT_ROUNDOFF, acceptance, check
 from ms_swiglu.ffn import FFNBlock, FFNStack
 from ms_swiglu.mlp import PackedSwiGLUMLP, to_quantized
 from ms_swiglu.moe import PackedMoE
-from ms_swiglu.packing import group_size, quantize_int8
+from ms_swiglu import quant as formats
 from moe_reference import ref_block
 
 ms.set_device("CPU")
@@ -75,7 +75,7 @@ def _fill(cell, rng, quant=None):
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
         w = w.astype(np.float32)
         if p.dtype == ms.int8:
-            q, s = quantize_int8(w, group_size(quant))
+            q, s = formats.get(quant).quantize(w)
             p.set_data(ms.Tensor(q))
             params[f"{name}_scale"].set_data(ms.Tensor(s))
         else:

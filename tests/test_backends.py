@@ -34,10 +34,10 @@ def test_facts_of_the_backends():
     assert [b.runs_on("CPU") for b in (cpu, composite, akg, ascend)] == [True, True, True, False]
     assert [b.recomputable for b in (cpu, composite, akg, ascend)] == [False, True, False, True]
     assert not akg.dynamic_shapes and cpu.dynamic_shapes
-    assert not cpu.deployable and composite.deployable and "docs/ascend.md" in ascend.deployable
-    assert ascend.graph_ops == {"Swiglu"} and ascend.allowed_ops >= {"Swiglu", "MatMul"}
+    assert not cpu.facts.deployable and composite.facts.deployable and "docs/ascend.md" in ascend.facts.deployable
+    assert ascend.facts.graph_ops == {"Swiglu"} and ascend.facts.allowed_ops >= {"Swiglu", "MatMul"}
     # the fused epilogue never materialises [T, 2I]: fewer intermediate bytes than the native path
-    assert cpu.activation_bytes(512, 4096, 11008, 4) < composite.activation_bytes(512, 4096, 11008, 4)
+    assert cpu.facts.activation_bytes(512, 4096, 11008, 4) < composite.facts.activation_bytes(512, 4096, 11008, 4)
 
 
 def test_a_new_backend_is_one_module_and_one_registry_line(tmp_path, monkeypatch):
@@ -53,8 +53,7 @@ def test_a_new_backend_is_one_module_and_one_registry_line(tmp_path, monkeypatch
             return composite.swiglu(x) * 2
 
         BACKEND = dataclasses.replace(composite.BACKEND, name="twice", swiglu=lambda: SwiGLUOp(_twice),
-                                      linear=lambda dtype, swiglu, quant=None: MatMulLinear(BACKEND, dtype, swiglu,
-                                                                                             quant),
+                                      linear=lambda dtype, swiglu, quant: MatMulLinear(BACKEND, dtype, swiglu, quant),
                                       recomputable=False)
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -161,7 +160,7 @@ NO_REFERENCE = r"""
 import numpy as np
 from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.checkpoint import to_bf16_bits
-from ms_swiglu.packing import quantize_int8
+from ms_swiglu.quant.int8 import quantize_int8
 rng = np.random.default_rng(0)
 w, experts = rng.standard_normal((96, 256)).astype(np.float32), rng.standard_normal((4, 96, 256)).astype(np.float32)
 ids = (np.arange(200, dtype=np.int32) % 4).reshape(100, 2)  # 50 rows per expert
@@ -187,7 +186,7 @@ DECOMPRESSION = r"""
 import numpy as np
 from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.checkpoint import to_bf16_bits
-from ms_swiglu.packing import quantize_int8
+from ms_swiglu.quant.int8 import quantize_int8
 rng = np.random.default_rng(0)
 q, s = quantize_int8(rng.standard_normal((96, 256)).astype(np.float32))
 top = kernels.tuning()["onednn_int8_weights_max_tokens"]

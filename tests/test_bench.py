@@ -216,6 +216,7 @@ def test_bench_quant_repeats_the_chain_per_graph_call():
 def test_bench_quant_accuracy_compares_groups_of_128_where_they_divide():
     import numpy as np
 
+    from ms_swiglu import quant
     from ms_swiglu.tools.bench_quant import _quantize, accuracy
 
     rows = {(a["outliers"], a["scales"]): a for a in accuracy(256, 384, tokens=4)}
@@ -223,7 +224,8 @@ def test_bench_quant_accuracy_compares_groups_of_128_where_they_divide():
     # outlier input columns widen every row's range; a group without one keeps its own, finer scale
     assert rows["columns", "per group of 128"]["frobenius_rel"] < rows["columns", "per output row"]["frobenius_rel"]
     w = np.array([[127.0] * 128 + [12700.0] * 128])  # two groups 100x apart: scales 1 and 100, each exact
-    assert np.array_equal(_quantize(w, 128), w) and not np.array_equal(_quantize(w), w)
+    g128, per_row = quant.get("int8-g128"), quant.get("int8")
+    assert np.array_equal(_quantize(w, g128), w) and not np.array_equal(_quantize(w, per_row), w)
 
 
 def test_disturbance_is_the_cpu_time_of_other_processes_and_steal():

@@ -61,7 +61,7 @@ def test_each_signal_at_each_moment_leaves_the_earlier_or_the_new_output_whole(c
         *[(convert + ["--force"], f"commit:{s}", "convert-whole") for s in sigs],
         (export + ["--layer", 0], "export-written:SIGTERM", "export-none"),
         (export + ["--layer", 0], "", "setup"),
-        *[(export + ["--layer", 1, "--force"], f"export-move:{s}", "export-whole") for s in sigs],
+        *[(export + ["--layer", 1, "--force"], f"commit:{s}", "export-whole") for s in sigs],
     ]
     spec = [{"argv": [str(a) for a in argv], "at": at, "watch": [str(tmp), str(run_out), str(conv), str(exp)]}
             for argv, at, _ in cases]

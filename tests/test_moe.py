@@ -45,7 +45,7 @@ def _moe(family="mixtral", dtype="float32", backend="cpu", seed=0, experts=E, to
 
 def _params(moe):
     """The block's weights as float64 arrays (canonical [E, out, in] layout) and its router settings."""
-    layout = (lambda w: np.swapaxes(w, 1, 2)) if moe.experts.in_out else (lambda w: w)
+    layout = moe.experts.unstore
     p = {"router": to_f64(moe.router.weight), "gate_up": layout(to_f64(moe.experts.gate_up_proj)),
          "down": layout(to_f64(moe.experts.down_proj)), "k": moe.top_k, "renormalize": moe.router.renormalize}
     if isinstance(moe.router, SigmoidGroupTopK):
@@ -163,7 +163,7 @@ def _block_with_weights(family, backend, dtype, quant, tp_size, seed):
     """A block of :data:`FAMILIES` (hidden and intermediate size 128) with random weights, its experts quantized by
     ``quant``; with ``tp_size`` 2 rank 0's block before its AllReduce (one process here: the reduce left out)."""
     from ms_swiglu.mlp import load_weights  # noqa: PLC0415
-    from ms_swiglu.packing import quantize_state_dict  # noqa: PLC0415
+    from ms_swiglu.quant import quantize_state_dict  # noqa: PLC0415
 
     kw = dict(FAMILIES[family])
     if "shared_intermediate_size" in kw:
@@ -179,7 +179,7 @@ def _block_with_weights(family, backend, dtype, quant, tp_size, seed):
 
 def _reference_params(moe):
     """:func:`_params` with int8 weights dequantized (exactly, as the kernels widen them)."""
-    from ms_swiglu.packing import dequantize_int8  # noqa: PLC0415
+    from ms_swiglu.quant.int8 import dequantize_int8  # noqa: PLC0415
 
     p = _params(moe)
     if moe.quant:
@@ -292,7 +292,7 @@ def test_grouped_kernels_compute_t_times_k_rows_grouped_by_expert(dtype):
 
 def test_kernels_take_no_rows():
     """Every op of the library on T = 0 (its shape checks and its loops; no graph): no row, no error."""
-    from ms_swiglu.packing import quantize_int8  # noqa: PLC0415
+    from ms_swiglu.quant.int8 import quantize_int8  # noqa: PLC0415
 
     k, experts, hidden, inter = 2, 4, 128, 128
     for dtype, np_dtype in kernels.NP_DTYPES.items():
@@ -478,7 +478,7 @@ def test_experts_keep_their_own_dtype_beside_a_router_of_another(tmp_path):
 def test_tensor_parallel_ranks_sum_to_the_whole_block(family_ckpts, family):
     """Each rank reads its [gate_r; up_r] and down[:, r] of every expert and of the shared expert; the ranks'
     blocks before their AllReduce (built here with tp_size 1 on the rank's weights) sum to the whole block."""
-    from ms_swiglu.checkpoint.load import moe_state
+    from ms_swiglu.checkpoint.load import layer_state
     from ms_swiglu.mlp import load_weights
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -492,7 +492,7 @@ def test_tensor_parallel_ranks_sum_to_the_whole_block(family_ckpts, family):
         m = config.moe
         kwargs = dict(m.block_kwargs(), shared_intermediate_size=m.shared_intermediate_size // 2)
         moe = PackedMoE(H, I // 2, E, K, backend="cpu", **kwargs)
-        parts.append(to_f64(load_weights(moe, moe_state(moe, w))(x)))
+        parts.append(to_f64(load_weights(moe, layer_state(config, layer, w, moe.experts.store))(x)))
     np.testing.assert_allclose(parts[0] + parts[1], whole, atol=1e-5, rtol=1e-5)
     assert w["gate_up"].shape == (E, I, H) and w["shared_down"].shape[1] * 2 == CKPTS[family]["shared_inter"]
 

@@ -12,8 +12,9 @@ from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.checkpoint import from_bf16_bits, read_safetensors, to_bf16_bits
 from ms_swiglu.mlp import to_quantized
 from ms_swiglu.moe import PackedMoE
-from ms_swiglu.packing import (dequantize_int8, pack_gate_up, quantize_int8, quantize_state_dict, shard_down,
-                               shard_packed)
+from ms_swiglu.quant import quantize_state_dict
+from ms_swiglu.quant.int8 import dequantize_int8, quantize_int8
+from ms_swiglu.packing import pack_gate_up, shard_down, shard_packed
 from conftest import DTYPES, ISAS, TOL, assert_close, on_isa, on_path, ref_swiglu, to_f64, to_tensor
 from hf_checkpoint import make_checkpoint
 from moe_reference import ref_block
@@ -645,8 +646,19 @@ def test_int8_group_scales_across_the_panel_kernels_chunks(dtype):
 
 
 def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
-    from ms_swiglu.checkpoint.converted import quantize_layer, shard_layer  # noqa: PLC0415
-    from ms_swiglu.packing import group_size, scale_shape  # noqa: PLC0415
+    from ms_swiglu import quant  # noqa: PLC0415
+    from ms_swiglu.layout import ParallelLayout  # noqa: PLC0415
+    from ms_swiglu.schema import Split, TensorSpec  # noqa: PLC0415
+
+    specs = [TensorSpec("gate_up", "", "", (), (), Split.ROWS, quantized=True),
+             TensorSpec("down", "", "", (), (), Split.COLUMNS, quantized=True)]
+    g128 = quant.get("int8-g128")
+
+    def quantize_layer(tensors):
+        return quant.quantize_tensors(tensors, g128, {"gate_up", "down"}.__contains__)
+
+    def shard_layer(layer, tp_size, rank):
+        return ParallelLayout(tp_size, rank).shard_layer(specs, layer, g128)
 
     rng = np.random.default_rng(1)
     w = rng.standard_normal((2 * IG, HG)).astype(np.float32)
@@ -654,8 +666,8 @@ def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
     w[7, 128:] = 0  # a group of zeros: scale 1, q 0
     q, s = quantize_int8(w, 128)
     assert q.dtype == np.int8 and q.shape == w.shape and s.dtype == np.float32 and s.shape == (2 * IG, HG // 128)
-    assert group_size("int8-g128") == 128 and group_size("int8") is None and group_size(None) is None
-    assert scale_shape("int8-g128", (2 * IG,), HG) == s.shape and scale_shape("int8", (2 * IG,), HG) == (2 * IG,)
+    assert g128.group == 128 and quant.get("int8").group is None and quant.get(None).group is None
+    assert g128.scale_shape((2 * IG,), HG) == s.shape and quant.get("int8").scale_shape((2 * IG,), HG) == (2 * IG,)
     groups = np.abs(q.reshape(2 * IG, HG // 128, 128)).max(-1)
     assert (groups[np.arange(2 * IG) != 7] == 127).all() and s[7, 1] == 1 and not q[7, 128:].any()
     assert np.median(s[:, 0]) > 5 * np.median(s[:, 1])  # the outlier column's group only
@@ -664,7 +676,7 @@ def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
     np.testing.assert_array_equal(quantize_int8(w[None], 128)[1][0], s)  # stacked experts: [E, M, K / 128]
     # a tensor-parallel conversion: gate/up rows with their groups, down's columns with whole groups of scales
     down = rng.standard_normal((HG, IG)).astype(np.float32)
-    layer = quantize_layer({"gate_up": w, "down": down}, "int8-g128")
+    layer = quantize_layer({"gate_up": w, "down": down})
     qd, sd = quantize_int8(down, 128)
     np.testing.assert_array_equal(layer["down_scale"], sd)
     for rank in range(2):
@@ -674,8 +686,8 @@ def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
         cols = slice(rank * IG // 2, (rank + 1) * IG // 2)
         np.testing.assert_array_equal(part["down"], qd[:, cols])
         np.testing.assert_array_equal(part["down_scale"], quantize_int8(down[:, cols], 128)[1])
-    with pytest.raises(ValueError, match="I/p a multiple of the group 128 for --tp-size 4, got I/p = 64"):
-        shard_layer(quantize_layer({"down": rng.standard_normal((HG, 256))}, "int8-g128"), 4, 0)
+    with pytest.raises(ValueError, match="expected a rank's columns to hold whole groups of 128, got columns 0..63"):
+        shard_layer(quantize_layer({"down": rng.standard_normal((HG, 256))}), 4, 0)
     with pytest.raises(ValueError, match="expected an input size that is a multiple of the group 128, got 96"):
         quantize_int8(np.ones((4, 96)), 128)
     with pytest.raises(ValueError, match="quant int8-g128: expected an input size that is a multiple of 128, got 64"):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from ms_swiglu.checkpoint import read_safetensors
+from ms_swiglu.errors import InputError
 from hf_checkpoint import make_checkpoint
 
 H, I = 32, 48
@@ -149,16 +150,17 @@ EXPORT_FAULT = r"""
 import os, signal, sys
 from ms_swiglu import cli
 calls, when, how = [0], int(os.environ["FAULT_AT"]), os.environ["FAULT"]
-original = os.replace
-def faulty(src, dst, *a, **k):
-    if os.path.dirname(os.path.abspath(dst)) == os.path.abspath(os.environ["OUT"]):
-        calls[0] += 1
-        if calls[0] == when:
-            if how == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise OSError(28, "No space left on device")
-    return original(src, dst, *a, **k)
-os.replace = faulty
+def faulty(original):
+    def put(src, dst, *a, **k):  # every way an entry is put into the output folder
+        if os.path.dirname(os.path.abspath(dst)) == os.path.abspath(os.environ["OUT"]):
+            calls[0] += 1
+            if calls[0] == when:
+                if how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise OSError(28, "No space left on device")
+        return original(src, dst, *a, **k)
+    return put
+os.link, os.rename, os.replace = faulty(os.link), faulty(os.rename), faulty(os.replace)
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -212,6 +214,122 @@ def test_export_refuses_a_foreign_file_named_like_an_artifact_before_touching_an
     r = cli("export", "--preset", "tiny", "--output-dir", out, "--target", "portable", "--force")
     one_line(r, 2, f"expected {out / 'golden'} to be an earlier export's folder, got a regular file")
     assert sorted(os.listdir(out)) == ["golden", "notes.txt"] and (out / "golden").read_text() == "mine"
+
+
+def _folder_set(folder, force=False):
+    """A FolderSet of a file, a subfolder and a manifest listing both, as an export's (no MindSpore)."""
+    from ms_swiglu.outputs import FolderSet
+
+    return FolderSet(folder, ["model.bin", "golden/", "manifest.json"], force, label="--output-dir", noun="export",
+                     manifest="manifest.json")
+
+
+def _fill(out, text):
+    """Write the set's entries into its stage, the manifest listing them."""
+    stage = out.stage
+    with open(os.path.join(stage, "model.bin"), "w") as f:
+        f.write(text)
+    os.mkdir(os.path.join(stage, "golden"))
+    with open(os.path.join(stage, "golden", "case.npy"), "w") as f:
+        f.write(text)
+    with open(os.path.join(stage, "manifest.json"), "w") as f:
+        json.dump({"files": {"model.bin": text, "golden/case.npy": text}}, f)
+
+
+def _tree(folder):
+    """{relative path: text} of every file under ``folder``, hidden ones included."""
+    return {os.path.relpath(os.path.join(root, f), folder): open(os.path.join(root, f)).read()
+            for root, _, files in os.walk(folder) for f in files}
+
+
+def test_a_folder_set_appears_whole_and_replaces_only_what_the_earlier_manifest_lists(tmp_path):
+    out = tmp_path / "out"
+    with _folder_set(out) as s:  # the folder is created, the entries built in its hidden stage
+        _fill(s, "one")
+        assert sorted(os.listdir(out)) == sorted([".ms_swiglu-export-lock", os.path.basename(s.stage)])
+        s.commit()
+    first = {"golden/case.npy": "one", "model.bin": "one",
+             "manifest.json": json.dumps({"files": {"model.bin": "one", "golden/case.npy": "one"}})}
+    assert _tree(out) == first  # no lock, no stage, no kept entry
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match=re.escape(f"--output-dir: expected no earlier export in {out}, found "
+                                                   f"model.bin, golden, manifest.json (use --force to replace them)")):
+        _folder_set(out)
+    assert _tree(out) == dict(first, **{"notes.txt": "mine"})
+    (out / "old.bin").write_text("earlier")  # an earlier export's file under another name, listed by its manifest
+    (out / "manifest.json").write_text(json.dumps({"files": {"model.bin": "one", "golden/case.npy": "one",
+                                                             "old.bin": "earlier"}}))
+    with _folder_set(out, force=True) as s:
+        _fill(s, "two")
+        s.commit()
+    assert _tree(out) == {"golden/case.npy": "two", "model.bin": "two", "notes.txt": "mine",
+                          "manifest.json": json.dumps({"files": {"model.bin": "two", "golden/case.npy": "two"}})}
+
+
+def test_a_folder_set_refuses_what_no_earlier_set_wrote_even_with_force(tmp_path):
+    from ms_swiglu.outputs import FolderSet
+
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink("/etc/hostname", out / "old.bin")
+    (out / "manifest.json").write_text(json.dumps({"files": {"old.bin": "x"}}))
+    with pytest.raises(InputError, match=re.escape(f"--output-dir: expected {out / 'old.bin'} to be an earlier "
+                                                   f"export's regular file, got a symlink; move it away")):
+        _folder_set(out, force=True)
+    (out / "golden").write_text("mine")
+    with pytest.raises(InputError, match=re.escape(f"expected {out / 'golden'} to be an earlier export's folder, "
+                                                   f"got a regular file")):
+        FolderSet(out, ["golden/"], True, label="--output-dir", noun="export")
+    assert sorted(os.listdir(out)) == ["golden", "manifest.json", "old.bin"]
+
+
+def test_a_failed_folder_commit_puts_the_earlier_set_back(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    with _folder_set(out) as s:
+        _fill(s, "one")
+        s.commit()
+    before = _tree(out)
+    replace, failed = os.replace, []
+
+    def full(src, dst):  # the disk fills once, as the subfolder is put in place after the model file
+        if os.path.basename(dst) == "golden" and not failed:
+            failed.append(dst)
+            raise OSError(28, "No space left on device")
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(OSError, match="No space left"), _folder_set(out, force=True) as s:
+        _fill(s, "two")
+        s.commit()
+    assert failed and _tree(out) == before
+
+
+def test_two_folder_sets_for_one_folder_refuse_each_other(tmp_path):
+    out = tmp_path / "out"
+    with _folder_set(out) as first:
+        with pytest.raises(InputError, match=re.escape(
+                f"--output-dir: expected no other export writing to {out}, found one (its lock "
+                f"{out / '.ms_swiglu-export-lock'} is held)")):
+            _folder_set(out, force=True)
+        _fill(first, "one")
+        first.commit()
+    assert sorted(os.listdir(out)) == ["golden", "manifest.json", "model.bin"]
+
+
+def test_the_next_set_sweeps_what_killed_writers_left(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    dead, live = ".ms_swiglu-export-9999991.abc", f".ms_swiglu-export-{os.getpid()}.abc"
+    for name in (f"{dead}.tmp/golden", f"{dead}.old", f"{live}.tmp"):
+        (out / name).mkdir(parents=True)
+    (out / f"{dead}.tmp" / "model.bin").write_text("partial")
+    (out / ".ms_swiglu-export-lock").write_text("")  # a killed writer's lock: taken over
+    (out / ".ms_swiglu-export-backup.tmp").write_text("mine")  # no pid: not a writer's
+    with _folder_set(out) as s:
+        _fill(s, "one")
+        s.commit()
+    assert sorted(os.listdir(out)) == sorted([".ms_swiglu-export-backup.tmp", f"{live}.tmp", "golden",
+                                              "manifest.json", "model.bin"])
 
 
 # ---- 3. two writers, one target ------------------------------------------------------------------------------
@@ -406,7 +524,7 @@ def test_an_error_after_the_progress_bar_starts_on_its_own_line(ckpt, tmp_path):
 BUG = r"""
 import sys
 from ms_swiglu import cli
-cli.read_config = lambda folder: 1 / 0  # a bug inside the package
+cli.open_checkpoint = lambda path: 1 / 0  # a bug inside the package
 sys.exit(cli.main(sys.argv[1:]))
 """
 

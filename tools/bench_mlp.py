@@ -81,7 +81,7 @@ def activation_bytes(backend, n, hidden, inter, dtype):
     the baseline (and the torch peer): gate, up, silu(gate), product, out."""
     if backend is None:
         return (4 * n * inter + n * hidden) * SIZE[dtype]
-    return backend.activation_bytes(n, hidden, inter, SIZE[dtype])
+    return backend.facts.activation_bytes(n, hidden, inter, SIZE[dtype])
 
 
 def _build(variant, hidden, inter, dtype, jit, layers=1, blocks=0):

@@ -67,7 +67,7 @@ import numpy as np
 
 from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import preset as preset_shape, PRESETS
-from ms_swiglu.packing import QUANT, dequantize_int8, group_size, quantize_int8
+from ms_swiglu import quant as formats
 from ms_swiglu.tools.probes import graph_call, host_probes, machine_line, peaks, read_sum
 from ms_swiglu.tools.timing import SETTLE_S, HostSpeed, add_settle_option, paired, watched, write_json
 
@@ -325,10 +325,9 @@ def _paired(p):
     return f"paired by round {p['median']:.2f}x, p10-p90 {p['p10']:.2f}-{p['p90']:.2f}x"
 
 
-def _quantize(w, group=None):
-    """Dequantized int8 weights: per output row (group None: "int8") or per group of ``group`` inputs of a row
-    ("int8-g128"), by the package's ``quantize_int8``."""
-    return dequantize_int8(*quantize_int8(w, group)).astype(np.float64)
+def _quantize(w, method):
+    """The weights as the format ``method`` stores them, dequantized (float64)."""
+    return method.dequantize(*method.quantize(w)).astype(np.float64)
 
 
 def _mlp(x, gate_up, down):
@@ -351,10 +350,11 @@ def accuracy(hidden, inter, tokens=16, seed=0):
                 w[:, rng.choice(w.shape[1], w.shape[1] // 100, replace=False)] *= 20
         gu, down = gu.astype(np.float32).astype(np.float64), down.astype(np.float32).astype(np.float64)
         ref = _mlp(x, gu, down)
-        for group in map(group_size, QUANT):  # every format of the package
+        for method in map(formats.get, formats.names()):  # every format of the package
+            group = method.group
             if group and (hidden % group or inter % group):
                 continue  # its groups must divide both input sizes (H and I)
-            y = _mlp(x, _quantize(gu, group), _quantize(down, group))
+            y = _mlp(x, _quantize(gu, method), _quantize(down, method))
             rel = np.abs(y - ref) / np.abs(ref).max(-1, keepdims=True)
             r = {"outliers": outliers, "scales": f"per group of {group}" if group else "per output row",
                  "max_rel": float(rel.max()), "mean_rel": float(rel.mean()),
@@ -381,7 +381,7 @@ def main(argv=None):
                    help="apply the chain this many times per graph call (layers x repeat MLPs per call, as a deeper "
                         "model; each still reads its weights from memory where the chain's others exceed the L3)")
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--quant", choices=QUANT, nargs="+", default=["int8"], help="the int8 formats against bfloat16")
+    p.add_argument("--quant", choices=formats.names(), nargs="+", default=["int8"], help="the int8 formats against bfloat16")
     p.add_argument("--shapes", choices=SHAPES, nargs="+", default=list(SHAPES),
                    help="the graphs timed: compiled for any number of tokens (dynamic) and / or per token count (static)")
     add_settle_option(p)

@@ -41,7 +41,7 @@ def _blocks():
     from ms_swiglu.mlp import PackedSwiGLUMLP, load_weights  # noqa: PLC0415
     from ms_swiglu.moe import PackedMoE  # noqa: PLC0415
     from ms_swiglu.errors import InputError  # noqa: PLC0415
-    from ms_swiglu.packing import quantize_state_dict  # noqa: PLC0415
+    from ms_swiglu.quant import quantize_state_dict  # noqa: PLC0415
 
     out = []
     for kind in ("dense", *FAMILIES):

@@ -6,7 +6,7 @@ from mindspore.ops import kernel
 
 from ms_swiglu.backends.matmul import DenseExperts, MatMulLinear, materialised_bytes
 from ms_swiglu.backends.native import AddOp, RMSNormOp
-from ms_swiglu.backends.spec import Backend, SwiGLUOp
+from ms_swiglu.backends.spec import Backend, Facts, SwiGLUOp
 
 
 @kernel
@@ -67,16 +67,13 @@ BACKEND = Backend(
     name="akg",
     summary="MindSpore's MatMul, then a hybrid-DSL SwiGLU kernel compiled by AKG (static shapes)",
     swiglu=_op,
-    linear=lambda dtype, swiglu, quant=None: MatMulLinear(BACKEND, dtype, swiglu, quant),
-    experts=lambda dtype, quant=None: DenseExperts(BACKEND, dtype),
-    experts_in_out=False,
+    linear=lambda dtype, swiglu, quant: MatMulLinear(BACKEND, dtype, swiglu, quant),
+    experts=lambda dtype, quant: DenseExperts(BACKEND, dtype, quant),
+    rms_norm=RMSNormOp,
+    add=AddOp,
     device="CPU",
     recomputable=False,
     upcasts_on_cpu=True,
     dynamic_shapes=False,
-    deployable="",
-    graph_ops=frozenset({"Custom"}),
-    activation_bytes=materialised_bytes,
-    rms_norm=RMSNormOp,
-    add=AddOp,
+    facts=Facts(deployable="", graph_ops=frozenset({"Custom"}), activation_bytes=materialised_bytes),
 )

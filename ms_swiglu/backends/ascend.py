@@ -7,9 +7,10 @@ from mindspore.ops.auto_generate import GroupedMatmulV4, MoeInitRoutingV2, MoeTo
 
 from ms_swiglu.backends.matmul import MatMulLinear, materialised_bytes
 from ms_swiglu.backends.native import AddOp, RMSNormOp
-from ms_swiglu.backends.spec import Backend, SwiGLUOp
+from ms_swiglu.backends.spec import Backend, ExpertsOp, Facts, SwiGLUOp, check_format
 from ms_swiglu.errors import InputError
-from ms_swiglu.packing import group_size
+from ms_swiglu.quant.base import QuantMethod
+from ms_swiglu.quant.int8 import Int8
 
 # Every op type an ascend-target graph of this package holds; each has an Ascend kernel. Anything else is refused.
 ASCEND_OPS = frozenset({
@@ -31,11 +32,13 @@ def swiglu(x):
     return ops.swiglu(x, -1)
 
 
-def _check_quant_dtype(dtype, quant):
-    """WeightQuantBatchMatmul and GroupedMatmulV4's antiquant take float16/bfloat16 activations only."""
-    if quant and dtype not in (ms.float16, ms.bfloat16):
-        raise InputError(f"backend ascend, quant {quant}: expected float16 or bfloat16 activations (the weight-quant "
-                         f"matmuls take no float32), got {dtype}")
+def _check_quant(dtype, quant):
+    """int8 weights (per row or per group) or none; WeightQuantBatchMatmul and GroupedMatmulV4's antiquant take
+    float16/bfloat16 activations only."""
+    check_format("ascend", quant, QuantMethod, Int8)
+    if quant.quantized and dtype not in (ms.float16, ms.bfloat16):
+        raise InputError(f"backend ascend, quant {quant.name}: expected float16 or bfloat16 activations (the "
+                         f"weight-quant matmuls take no float32), got {dtype}")
 
 
 class WeightQuantLinear(nn.Cell):
@@ -67,29 +70,31 @@ class WeightQuantLinear(nn.Cell):
         return y.reshape(shape[:-1] + (ops.shape(y)[-1],))
 
 
-def _linear(dtype, swiglu, quant=None):
-    _check_quant_dtype(dtype, quant)
-    return MatMulLinear(BACKEND, dtype, swiglu, quant, WeightQuantLinear(group_size(quant)) if quant else None)
+def _linear(dtype, swiglu, quant):
+    _check_quant(dtype, quant)
+    return MatMulLinear(BACKEND, dtype, swiglu, quant, WeightQuantLinear(quant.group) if quant.quantized else None)
 
 
-class GroupedExperts(nn.Cell):
+class GroupedExperts(ExpertsOp):
     """The routed experts with MindSpore's MoE primitives for Atlas A2/A3 (mindformers' inference chain):
     MoeInitRoutingV2 (dropless: the T k rows grouped by expert, stably, and each expert's
     row count) -> GroupedMatmulV4 -> Swiglu -> GroupedMatmulV4 -> MoeTokenUnpermute (each token's k rows
     weighted and summed). int8 experts: GroupedMatmulV4 with per-channel antiquant scales [E, out].
     GroupedMatmulV4 computes x W_e with W_e [in, out] and has no transpose, so this backend stores the stacked
-    weights [E, H, 2I] and [E, I, H] (``experts_in_out``).
+    weights [E, H, 2I] and [E, I, H] (``in_out``).
 
     Shapes:
         x: [T, H]    ids: [T, k] int32    weights: [T, k] float32
         w_gate_up: [E, H, 2I] (columns [gate_e | up_e])    w_down: [E, I, H]    out: [T, H]
     """
 
-    def __init__(self, dtype, quant=None):
+    in_out = True
+
+    def __init__(self, dtype, quant):
         super().__init__()
-        _check_quant_dtype(dtype, quant)
-        if group_size(quant):
-            raise InputError(f"backend ascend, MoE experts: expected quant int8 (per-channel scales), got {quant}; "
+        _check_quant(dtype, quant)
+        if quant.group:
+            raise InputError(f"backend ascend, MoE experts: expected quant int8 (per-channel scales), got {quant.name}; "
                              f"GroupedMatmulV4 documents per-group antiquant for int4 weights only")
         self.init_routing, self.gmm, self.unpermute = MoeInitRoutingV2(), GroupedMatmulV4(), MoeTokenUnpermute()
 
@@ -115,15 +120,12 @@ BACKEND = Backend(
     swiglu=lambda: SwiGLUOp(swiglu),
     linear=_linear,
     experts=GroupedExperts,
-    experts_in_out=True,
+    rms_norm=RMSNormOp,
+    add=AddOp,
     device="Ascend",
     recomputable=True,
     upcasts_on_cpu=False,
     dynamic_shapes=True,
-    deployable="Ascend through MindSpore's runtime (docs/ascend.md)",
-    graph_ops=frozenset({"Swiglu"}),
-    activation_bytes=materialised_bytes,
-    rms_norm=RMSNormOp,
-    add=AddOp,
-    allowed_ops=ASCEND_OPS,
+    facts=Facts(deployable="Ascend through MindSpore's runtime (docs/ascend.md)", graph_ops=frozenset({"Swiglu"}),
+                activation_bytes=materialised_bytes, allowed_ops=ASCEND_OPS),
 )

@@ -5,7 +5,7 @@ from mindspore.common import dtype as mstype
 
 from ms_swiglu.backends.matmul import DenseExperts, MatMulLinear
 from ms_swiglu.backends.native import AddOp, RMSNormOp
-from ms_swiglu.backends.spec import Backend, SwiGLUOp
+from ms_swiglu.backends.spec import Backend, Facts, SwiGLUOp
 
 
 def swiglu(x):
@@ -24,16 +24,14 @@ BACKEND = Backend(
     name="composite",
     summary="MindSpore's MatMul, then split + silu + mul (the reference)",
     swiglu=lambda: SwiGLUOp(swiglu),
-    linear=lambda dtype, swiglu, quant=None: MatMulLinear(BACKEND, dtype, swiglu, quant),
-    experts=lambda dtype, quant=None: DenseExperts(BACKEND, dtype),
-    experts_in_out=False,
+    linear=lambda dtype, swiglu, quant: MatMulLinear(BACKEND, dtype, swiglu, quant),  # any format: its dequantize_op
+    experts=lambda dtype, quant: DenseExperts(BACKEND, dtype, quant),
+    rms_norm=RMSNormOp,
+    add=AddOp,
     device=None,
     recomputable=True,
     upcasts_on_cpu=True,
     dynamic_shapes=True,
-    deployable="wherever MindSpore or MindSpore Lite runs",
-    graph_ops=frozenset(),
-    activation_bytes=_activation_bytes,
-    rms_norm=RMSNormOp,
-    add=AddOp,
+    facts=Facts(deployable="wherever MindSpore or MindSpore Lite runs", graph_ops=frozenset(),
+                activation_bytes=_activation_bytes),
 )

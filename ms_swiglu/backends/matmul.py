@@ -9,6 +9,8 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
+from ms_swiglu.backends.spec import ExpertsOp
+
 
 def cpu_upcast(dtype, backend):
     """Whether the MatMuls of ``backend`` take ``dtype`` in float32: float16/bfloat16 on a CPU device, which has
@@ -26,42 +28,33 @@ def matmul(mm, x, w, upcast):
     return y.reshape(shape[:-1] + (ops.shape(y)[-1],)).astype(dtype)
 
 
-def dequantize(w, scale, dtype):
-    """int8 weights ``[..., M, K]`` and their scales ``[..., M]`` (per row) or ``[..., M, G]`` (per K / G inputs)
-    as ``scale * q`` in ``dtype`` (float32 inside)."""
-    q = w.astype(mstype.float32)
-    if scale.ndim < q.ndim:
-        return (q * scale.expand_dims(-1)).astype(dtype)
-    shape = ops.shape(q)  # [..., M, K] -> [..., M, G, K / G]
-    groups = q.reshape(shape[:-1] + (ops.shape(scale)[-1], -1))
-    return (groups * scale.expand_dims(-1)).reshape(shape).astype(dtype)
-
-
 class MatMulLinear(nn.Cell):
-    """``x W^T`` by MindSpore's MatMul, then (with ``swiglu``) the backend's SwiGLU op. int8 weights (``quant``)
-    are dequantized first, or multiplied by ``quant_matmul(x, w, scale)`` where the backend has one.
+    """``x W^T`` by MindSpore's MatMul, then (with ``swiglu``) the backend's SwiGLU op. Quantized weights (the
+    format ``quant``) are dequantized by the format first, or multiplied by ``quant_matmul(x, w, scale)`` where
+    the backend has one.
 
     Shapes:
         x: [T, K]    w: [M, K] (int8 with scale [M] or [M, K/128])    out: [T, M], or [T, M/2] with ``swiglu``
     """
 
-    def __init__(self, backend, dtype, swiglu, quant=None, quant_matmul=None):
+    def __init__(self, backend, dtype, swiglu, quant, quant_matmul=None):
         super().__init__()
         self.mm, self.upcast = ops.MatMul(transpose_b=True), cpu_upcast(dtype, backend)
         self.act = backend.swiglu() if swiglu else None
-        self.dtype, self.quant_matmul = dtype, quant_matmul if quant else None
+        self.dtype, self.quant_matmul = dtype, quant_matmul if quant.quantized else None
+        self.dequantize = quant.dequantize_op()
 
     def construct(self, x, w, scale=None):
         if self.quant_matmul is not None:
             y = self.quant_matmul(x, w, scale)
         else:
-            if scale is not None:
-                w = dequantize(w, scale, mstype.float32 if self.upcast else self.dtype)
+            if self.dequantize is not None:
+                w = self.dequantize(w, scale, mstype.float32 if self.upcast else self.dtype)
             y = matmul(self.mm, x, w, self.upcast)
         return y if self.act is None else self.act(y)
 
 
-class DenseExperts(nn.Cell):
+class DenseExperts(ExpertsOp):
     """The routed experts by their definition: every expert on every token in one BatchMatMul over E, each
     output weighted by the token's routing weight for it (zero off its top-k) and summed in float32. Static
     shapes and a graph that does not grow with E, in MindSpore ops that every device runs: the reference of the
@@ -72,16 +65,17 @@ class DenseExperts(nn.Cell):
         w_gate_up: [E, 2I, H]    w_down: [E, H, I]    out: [T, H]
     """
 
-    def __init__(self, backend, dtype):
+    def __init__(self, backend, dtype, quant):
         super().__init__()
         self.bmm, self.upcast = ops.BatchMatMul(transpose_b=True), cpu_upcast(dtype, backend)
         self.act = backend.swiglu()
+        self.dequantize = quant.dequantize_op()
 
     def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None):
         dtype, (tokens, hidden), experts = x.dtype, ops.shape(x), ops.shape(w_gate_up)[0]
-        if s_gate_up is not None:  # int8: dequantized (float32 on a CPU device)
+        if self.dequantize is not None:  # quantized: dequantized (float32 on a CPU device)
             wd = mstype.float32 if self.upcast else dtype
-            w_gate_up, w_down = dequantize(w_gate_up, s_gate_up, wd), dequantize(w_down, s_down, wd)
+            w_gate_up, w_down = self.dequantize(w_gate_up, s_gate_up, wd), self.dequantize(w_down, s_down, wd)
         if self.upcast:
             x, w_gate_up, w_down = x.astype(mstype.float32), w_gate_up.astype(mstype.float32), w_down.astype(
                 mstype.float32)

@@ -6,47 +6,84 @@ E = experts, k = experts per token.
 import dataclasses
 from typing import Callable, Optional
 
+import numpy as np
 from mindspore import nn
+
+from ms_swiglu.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What the exporter and the benchmarks know of a backend's graphs (no ops)."""
+
+    deployable: str  # where an exported graph of it can run; "" when it is bound to the host that built it
+    graph_ops: frozenset  # op types that mark it in an exported graph (and that no other backend's graph may hold)
+    # (n, hidden, inter, itemsize) -> bytes of the intermediate tensors one MLP call materialises
+    activation_bytes: Callable
+    allowed_ops: Optional[frozenset] = None  # when set, the only op types an exported graph may hold
 
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
-    """One backend: its ops (built anew for each Cell that uses them) and the facts the package acts on."""
+    """One backend: its op factories (each called anew for each Cell that uses them), what the Cells need to know
+    to build on it, and its :class:`Facts`.
+
+    ``quant`` below is a weight format (``ms_swiglu.quant``); a backend refuses one it has no kernel for
+    (:func:`check_format`)."""
 
     name: str
     summary: str  # one line: what it runs
     # () -> SwiGLUOp: [T, 2I] ([gate, up]) -> [T, I] = SiLU(gate) * up
     swiglu: Callable
     # (dtype, swiglu, quant) -> Cell (x [T, K], w [M, K], scale) -> x w^T [T, M], or with swiglu its SwiGLU
-    # [T, M/2]; quant None: w in dtype and scale None; "int8": w int8 and scale [M] float32, w = scale[:, None] * q;
-    # "int8-g128": scale [M, K/128], each for 128 inputs of its row
+    # [T, M/2]; w and scale as the format stores them (scale None without one)
     linear: Callable
-    # (dtype, quant) -> Cell (x [T, H], ids [T, k] int32, weights [T, k] float32, w_gate_up, w_down, s_gate_up,
+    # (dtype, quant) -> ExpertsOp (x [T, H], ids [T, k] int32, weights [T, k] float32, w_gate_up, w_down, s_gate_up,
     # s_down) -> [T, H]: the routed experts of a MoE block, sum_j weights[t, j] * expert_ids[t, j](x[t]), every
-    # shape static given T; int8 weights come with per-row scales [E, 2I] and [E, H] (None otherwise)
+    # shape static given T
     experts: Callable
-    # how it stores the stacked expert weights: False [E, 2I, H] and [E, H, I] (out, in: HF's layout), True
-    # [E, H, 2I] and [E, I, H] (in, out); loaders convert at load, never per call
-    experts_in_out: bool
-    device: Optional[str]  # the MindSpore device target it runs on ("CPU", "Ascend"); None: any
-    recomputable: bool  # MindSpore's graph-mode recompute can run its SwiGLU again (FFNBlock recompute modes)
-    upcasts_on_cpu: bool  # its MindSpore MatMuls take float16/bfloat16 in float32 on a CPU device
-    dynamic_shapes: bool  # a graph with dynamic token counts compiles
-    deployable: str  # where an exported graph of it can run; "" when it is bound to this host
-    graph_ops: frozenset  # op types that mark it in an exported graph (and that no other backend's graph may hold)
-    # (n, hidden, inter, itemsize) -> bytes of the intermediate tensors one MLP call materialises
-    activation_bytes: Callable
     # (eps) -> Cell (x [T, H], w [H]) -> [T, H]: RMSNorm, float32 statistics, rounded once
     rms_norm: Callable
     # () -> Cell (a, b) -> a + b: the FFN block's residual connection
     add: Callable
-    allowed_ops: Optional[frozenset] = None  # when set, the only op types an exported graph may hold
+    device: Optional[str]  # the MindSpore device target it runs on ("CPU", "Ascend"); None: any
+    recomputable: bool  # MindSpore's graph-mode recompute can run its SwiGLU again (FFNBlock recompute modes)
+    upcasts_on_cpu: bool  # its MindSpore MatMuls take float16/bfloat16 in float32 on a CPU device
+    dynamic_shapes: bool  # a graph with dynamic token counts compiles
+    facts: Facts
 
     def runs_on(self, device_target):
         return self.device in (None, device_target)
 
     def __repr__(self):
         return f"<backend {self.name}>"
+
+
+def check_format(backend, method, *kinds):
+    """InputError unless the weight format ``method`` is exactly of one of the classes ``kinds`` (those
+    ``backend`` has kernels for)."""
+    if type(method) not in kinds:
+        raise InputError(f"backend {backend}: expected weights in a format it has kernels for, got {method.name}")
+    return method
+
+
+class ExpertsOp(nn.Cell):
+    """A backend's routed experts. ``in_out``: it holds the stacked weights as [E, in, out] rather than HF's
+    [E, out, in]; :meth:`store` and :meth:`unstore` convert (once, at load), so no layout reaches the Cells."""
+
+    in_out = False
+
+    def store(self, w):
+        """A stacked weight [E, out, in] (an array, or its shape) as this op holds it."""
+        if not self.in_out:
+            return w
+        if isinstance(w, tuple):
+            return (w[0], w[2], w[1])
+        return np.ascontiguousarray(np.swapaxes(w, 1, 2))
+
+    def unstore(self, w):
+        """The inverse of :meth:`store`: [E, out, in] again."""
+        return self.store(w)
 
 
 class SwiGLUOp(nn.Cell):

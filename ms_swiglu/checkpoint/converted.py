@@ -2,13 +2,8 @@
 sharded for tensor parallelism, one safetensors file per rank, with the checkpoint's ``config.json`` inside.
 No MindSpore here.
 
-One layer's tensors, by kind (the arrays of ``hf.load_dense_layer`` / ``hf.load_moe_layer``), stored as
-``model.layers.{layer}.{block}.`` + ``gate_up_proj.weight`` / ``down_proj.weight`` (dense) or ``gate.weight``,
-``experts.gate_up_proj.weight``, ``experts.down_proj.weight`` and the family's shared expert and bias (MoE).
-Quantized: each projection int8, its float32 scales beside it as ``{name}_scale`` (kind ``{kind}_scale``): per
-row, or (int8-g128) per 128 inputs of a row.
-Sharded: gate/up rows (and their scales) by ``packing.shard_packed``, down columns by ``packing.shard_down``, down's
-per-row scales (whole rows) and the rest replicated; down's per-group scales by the groups of the rank's columns.
+One layer's tensors are named and split as the tensor schema says (``ms_swiglu.schema``). Quantized: each
+projection in the weight format (``ms_swiglu.quant``), its float32 scales beside it as ``{name}_scale``.
 """
 import glob
 import json
@@ -17,26 +12,14 @@ import os
 import numpy as np
 
 from ms_swiglu import paths
+from ms_swiglu import quant as formats
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
 from ms_swiglu.checkpoint import hf
-from ms_swiglu.checkpoint.hf import load_dense_layer, load_moe_layer, parse_config
-from ms_swiglu.packing import QUANT, group_size, quantize_int8, scale_shape, shard_down, shard_packed
+from ms_swiglu.families import parse_config
+from ms_swiglu.layout import ParallelLayout
+from ms_swiglu.schema import SCALE, layer_tensors, stored_name
 
 FORMAT = "ms_swiglu.packed"
-ROWS, COLUMNS = ("gate_up", "shared_gate_up"), ("down", "shared_down")  # how the projections shard
-SCALE = "_scale"
-
-
-def is_converted(path):
-    """Whether ``path`` names converted files (``X.safetensors``, or its rank files) rather than a checkpoint
-    folder."""
-    return path.endswith(".safetensors") or os.path.isfile(path)
-
-
-def read_config(path):
-    """The :class:`~ms_swiglu.checkpoint.hf.ModelConfig` of a checkpoint folder, or of the files ``ms-swiglu
-    convert`` wrote (they hold their checkpoint's config.json)."""
-    return ConvertedFile.any_rank(path).config if is_converted(path) else hf.read_config(path)
 
 
 def rank_paths(path, tp_size):
@@ -47,75 +30,11 @@ def rank_paths(path, tp_size):
     return [f"{stem}-tp{r}-of-{tp_size}{ext or '.safetensors'}" for r in range(tp_size)]
 
 
-def tensor_names(config, layer):
-    """``{kind: tensor name}`` of one layer's tensors in a converted file."""
-    if not config.is_moe_layer(layer):
-        p = f"model.layers.{layer}.mlp."
-        return {"gate_up": p + "gate_up_proj.weight", "down": p + "down_proj.weight"}
-    keys, p = config.keys, config.keys.prefix(layer)
-    names = {"router": p + "gate.weight", "gate_up": p + "experts.gate_up_proj.weight",
-             "down": p + "experts.down_proj.weight"}
-    if keys.bias:
-        names["bias"] = p + keys.bias
-    if keys.shared:
-        names.update(shared_gate_up=p + keys.shared + "gate_up_proj.weight",
-                     shared_down=p + keys.shared + "down_proj.weight")
-    if keys.shared_gate:
-        names["shared_gate"] = p + keys.shared_gate
-    return names
-
-
-def tensor_name(names, kind):
-    """The name of a layer's tensor of ``kind`` in a converted file (``names``: :func:`tensor_names`); a scale is
-    named after its weight (``{name}_scale``)."""
-    return names[kind] if kind in names else names[kind.removesuffix(SCALE)] + SCALE
-
-
-def read_hf_layer(config, folder, layer, tp_size=1, rank=0):
-    """(``{kind: array}`` of one layer of a HuggingFace checkpoint, all ranks or rank ``rank``'s part; its dtype
-    name)."""
-    read = load_moe_layer if config.is_moe_layer(layer) else load_dense_layer
-    return read(folder, layer, config, tp_size, rank)
-
-
-def quantize_layer(tensors, quant):
-    """The layer with every projection quantized (``quant``: one of ``packing.QUANT``), its scales beside it
-    (``{kind}_scale``)."""
-    if quant not in QUANT:
-        raise CheckpointError(f"quantize: expected one of {', '.join(QUANT)}, got {quant!r}")
-    out = dict(tensors)
-    for kind in ROWS + COLUMNS:
-        if kind in tensors:
-            out[kind], out[kind + SCALE] = quantize_int8(tensors[kind], group_size(quant))
-    return out
-
-
-def shard_layer(tensors, tp_size, rank):
-    """Rank ``rank``'s part of a layer (all ranks' arrays, as :func:`read_hf_layer` / :func:`quantize_layer` give)."""
-    out = {}
-    for kind, a in tensors.items():
-        weight = kind.removesuffix(SCALE)
-        grouped = weight != kind and a.ndim == tensors[weight].ndim  # scales [..., rows, groups]
-        if kind in ROWS or (weight in ROWS and grouped):
-            out[kind] = shard_packed(a, tp_size, rank)  # [..., 2I/p, H] (scales [..., 2I/p, H/128])
-        elif weight in ROWS:
-            out[kind] = shard_packed(a[..., None], tp_size, rank)[..., 0]  # [..., 2I/p]: each row its scale
-        elif kind in COLUMNS:
-            out[kind] = shard_down(a, tp_size, rank)  # [..., H, I/p]
-        elif weight in COLUMNS and grouped:
-            inter, groups = tensors[weight].shape[-1], a.shape[-1]
-            if (inter // tp_size) % (inter // groups):
-                raise CheckpointError(f"{weight}: expected I/p a multiple of the group {inter // groups} for "
-                                      f"--tp-size {tp_size}, got I/p = {inter // tp_size}")
-            out[kind] = shard_down(a, tp_size, rank)  # [..., H, I/(128 p)]: the groups of the rank's columns
-        else:
-            out[kind] = a  # down's per-row scales [..., H] (whole rows), router, bias, shared gate: replicated
-    return out
-
-
-def float32_kinds(tensors):
-    """The kinds kept in float32 whatever the file's dtype: scales and the router's bias."""
-    return {k for k in tensors if k.endswith(SCALE) or k == "bias"}
+def quantize_layer(config, layer, tensors, method):
+    """A layer's ``{kind: array}`` with every tensor the schema marks quantized in the weight format ``method``,
+    its scales beside it (``{kind}_scale``)."""
+    kinds = {t.kind for t in layer_tensors(config, layer) if t.quantized}
+    return formats.quantize_tensors(tensors, method, kinds.__contains__)
 
 
 def convert(checkpoint, output, *, layers=None, tp_size=1, dtype=None, quant=None, force=False, progress=None):
@@ -140,21 +59,24 @@ def convert(checkpoint, output, *, layers=None, tp_size=1, dtype=None, quant=Non
     for layer in (layers.start, layers.stop - 1):
         config.check_layer(layer)
     config.check_tp(tp_size, layers, quant)
+    method, shards = formats.get(quant), SafetensorsFolder(checkpoint)
     ranks = [{} for _ in range(tp_size)]
     with OutputSet(rank_paths(output, tp_size), force) as out:
         float32 = set()
         for i, layer in enumerate(layers):
-            tensors, ckpt_dtype = read_hf_layer(config, checkpoint, layer)
-            tensors = quantize_layer(tensors, quant) if quant else tensors
-            dtype, names = dtype or ckpt_dtype, tensor_names(config, layer)
-            float32 |= {tensor_name(names, k) for k in float32_kinds(tensors)}
+            tensors, ckpt_dtype = hf.read_layer(shards, config, layer)
+            tensors = quantize_layer(config, layer, tensors, method) if method.quantized else tensors
+            dtype, specs = dtype or ckpt_dtype, layer_tensors(config, layer)
+            float32 |= {stored_name(specs, k) for k in tensors if k.endswith(SCALE)}
+            float32 |= {t.stored for t in specs if t.float32}
             for rank, rank_tensors in enumerate(ranks):
-                rank_tensors.update({tensor_name(names, k): a for k, a in shard_layer(tensors, tp_size, rank).items()})
+                part = ParallelLayout(tp_size, rank).shard_layer(specs, tensors, method)
+                rank_tensors.update({stored_name(specs, k): a for k, a in part.items()})
             if progress:
                 progress(i + 1, len(layers))
             signals.pause_point("convert-layer")
         for rank, (path, tensors) in enumerate(zip(out.paths, ranks)):
-            meta = metadata(config_json, dtype, quant, tp_size, rank, layers, out.token)
+            meta = metadata(config_json, dtype, formats.name(method), tp_size, rank, layers, out.token)
             out.write(path, lambda tmp, t=tensors, m=meta: dump_safetensors(tmp, t, dtype, m, float32=float32))
         out.commit()
     return [(path, len(tensors)) for path, tensors in zip(out.paths, ranks)], dtype
@@ -204,9 +126,9 @@ class ConvertedFile:
                                   f"--tp-size {stored_tp}")
         if stored_rank != rank:
             raise CheckpointError(f"{self.path}: expected rank {rank}'s file, got rank {stored_rank}'s")
-        if not self.layers or (self.quant is not None and self.quant not in QUANT):
+        if not self.layers or (self.quant is not None and self.quant not in formats.names()):
             raise CheckpointError(f"{self.path}: expected layers 'A-B' with A <= B and quant one of "
-                                  f"{', '.join(QUANT)} or empty, got layers {meta['layers']!r}, "
+                                  f"{', '.join(formats.names())} or empty, got layers {meta['layers']!r}, "
                                   f"quant {meta['quant']!r}")
         self.config = parse_config(config_json, self.path)
 
@@ -232,10 +154,10 @@ class ConvertedFile:
             raise CheckpointError(f"checkpoint: expected a converted file {path} (or its rank files), found none")
         return cls(path, int(found[0].rsplit("-of-", 1)[1].split(".")[0]), 0)
 
-    def check_quant(self, quant):
-        """ValueError unless ``quant`` (a quantization asked at load) is the file's or None, where it has one."""
-        if self.quant and quant not in (None, self.quant):
-            raise CheckpointError(f"quant: expected {self.quant} (the file's) or none, got {quant!r}")
+    def check_quant(self, asked):
+        """ValueError unless ``asked`` (a quantization asked at load) is the file's or None, where it has one."""
+        if self.quant and formats.name(asked) not in (None, self.quant):
+            raise CheckpointError(f"quant: expected {self.quant} (the file's) or none, got {formats.name(asked)!r}")
 
     def check_layer(self, layer):
         self.config.check_layer(layer)
@@ -246,14 +168,13 @@ class ConvertedFile:
     def layer(self, layer):
         """(``{kind: array}`` of one layer on this rank, the checkpoint's dtype name)."""
         self.check_layer(layer)
-        out, names = {}, tensor_names(self.config, layer)
-        for kind, name in names.items():
-            for k, n in ((kind, name), (kind + SCALE, name + SCALE)):
+        out = {}
+        for spec in layer_tensors(self.config, layer):
+            for k, n in ((spec.kind, spec.stored), (spec.kind + SCALE, spec.stored + SCALE)):
                 if n in self._folder.weight_map:
                     out[k] = self._folder.read(n, self._folder.shape(n))[0]
-        for kind in ROWS + COLUMNS:
-            if kind in out:
-                self._check_stored(names[kind], out[kind], out.get(kind + SCALE))
+            if spec.quantized and spec.kind in out:
+                self._check_stored(spec.stored, out[spec.kind], out.get(spec.kind + SCALE))
         return out, self.dtype
 
     def _check_stored(self, name, w, scale):
@@ -266,7 +187,7 @@ class ConvertedFile:
                 raise CheckpointError(f"{self.path}: {name}: expected float weights without scales (the metadata "
                                       f"names no quantization), got {what}")
             return
-        expected = scale_shape(self.quant, w.shape[:-1], w.shape[-1])
+        expected = formats.get(self.quant).scale_shape(w.shape[:-1], w.shape[-1])
         if w.dtype != np.int8 or scale is None or scale.dtype != np.float32 or scale.shape != expected:
             raise CheckpointError(f"{self.path}: {name}: expected int8 weights with float32 scales {list(expected)} "
                                   f"({self.quant}, as the metadata says), got {what}")

@@ -12,15 +12,11 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ms_swiglu import paths
-from ms_swiglu.errors import InputError
+from ms_swiglu.errors import CheckpointError, InputError
 from ms_swiglu.outputs import OutputSet
 
 _NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I8": np.int8}
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8"}
-
-
-class CheckpointError(InputError):
-    """A checkpoint folder that is missing, malformed, or disagrees with its config.json."""
 
 
 class SafetensorsFolder:

@@ -1,14 +1,6 @@
-"""HuggingFace checkpoints: ``config.json`` and the FFN weights of one layer, packed at load. No MindSpore here.
-
-Families (the rules read from transformers' modelling code):
-    llama, mistral, qwen2, qwen3   dense: every layer an MLP
-    mixtral      every layer MoE: softmax top-k, renormalised; experts w1 (gate), w3 (up), w2 (down)
-    qwen2_moe    softmax top-k, renormalised if norm_topk_prob; a shared expert scaled by sigmoid(shared_expert_gate);
-                 layer i is MoE unless i in mlp_only_layers, if (i + 1) % decoder_sparse_step == 0
-    qwen3_moe    as qwen2_moe without the shared expert
-    deepseek_v3  sigmoid scores, e_score_correction_bias to choose, group-limited top-k (n_group, topk_group),
-                 norm_topk_prob, routed_scaling_factor; n_shared_experts * moe_intermediate_size shared;
-                 layer i is MoE if i >= first_k_dense_replace and i % moe_layer_freq == 0
+"""HuggingFace checkpoints: ``config.json`` (read by the family of its ``model_type``, ``ms_swiglu.families``) and
+the FFN weights of one layer, read as the tensor schema (``ms_swiglu.schema``) says and packed at load. No
+MindSpore here.
 
 Shapes of one layer (H = hidden_size, I = the MLP's or an expert's intermediate size, E = experts,
 I_s = the shared expert's, p = tp_size; rank r reads only its blocks):
@@ -16,7 +8,6 @@ I_s = the shared expert's, p = tp_size; rank r reads only its blocks):
     moe:    router [E, H]  (bias [E])  gate_up [E, 2I/p, H]  down [E, H, I/p]
             (shared_gate_up [2I_s/p, H]  shared_down [H, I_s/p]  (shared_gate [1, H]))
 """
-import dataclasses
 import json
 import os
 
@@ -24,168 +15,13 @@ import numpy as np
 
 from ms_swiglu import paths
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
-from ms_swiglu.packing import check_tp, group_size, pack_gate_up
-from ms_swiglu.routing import SigmoidGroups, Softmax
+from ms_swiglu.families import FAMILIES, ModelConfig, MoEConfig, parse_config  # noqa: F401 -- public names
+from ms_swiglu.layout import WHOLE, ParallelLayout
+from ms_swiglu.packing import pack_gate_up
+from ms_swiglu.schema import Split, layer_tensors
 
-DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
-
-
-@dataclasses.dataclass(frozen=True)
-class MoEConfig:
-    """The MoE block of a family's sparse layers: the keyword arguments of :class:`~ms_swiglu.moe.PackedMoE`."""
-
-    num_experts: int
-    top_k: int
-    intermediate_size: int  # of one expert
-    router: object  # a config of ms_swiglu.routing
-    shared_intermediate_size: int = 0
-    shared_expert_gate: bool = False
-
-    def block_kwargs(self):
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("num_experts", "top_k", "intermediate_size")}
-
-
-@dataclasses.dataclass(frozen=True)
-class Keys:
-    """Where a family keeps one FFN's tensors, under ``model.layers.{layer}.{block}.``."""
-
-    block: str = "mlp"
-    expert: str = "experts.{e}.{part}_proj.weight"  # part: gate, up, down
-    parts: tuple = ("gate", "up", "down")  # the names standing for gate, up, down in `expert`
-    shared: str = ""  # the shared expert's prefix, e.g. "shared_expert."
-    shared_gate: str = ""  # e.g. "shared_expert_gate.weight"
-    bias: str = ""  # e.g. "gate.e_score_correction_bias"
-
-    def prefix(self, layer):
-        return f"model.layers.{layer}.{self.block}."
-
-
-KEYS = {
-    "mixtral": Keys(block="block_sparse_moe", expert="experts.{e}.{part}.weight", parts=("w1", "w3", "w2")),
-    "qwen2_moe": Keys(shared="shared_expert.", shared_gate="shared_expert_gate.weight"),
-    "qwen3_moe": Keys(),
-    "deepseek_v3": Keys(shared="shared_experts.", bias="gate.e_score_correction_bias"),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """The fields of ``config.json`` this package uses. ``intermediate_size`` is the dense MLP's (Mixtral's: an
-    expert's); ``moe`` describes the sparse layers, ``sparse_layers`` lists them."""
-
-    model_type: str
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    rms_norm_eps: float = 1e-6
-    moe: MoEConfig = None
-    sparse_layers: frozenset = frozenset()
-
-    @property
-    def is_moe(self):
-        return bool(self.sparse_layers)
-
-    @property
-    def num_local_experts(self):
-        return self.moe.num_experts if self.moe else 0
-
-    @property
-    def num_experts_per_tok(self):
-        return self.moe.top_k if self.moe else 0
-
-    @property
-    def keys(self):
-        return KEYS.get(self.model_type, Keys())
-
-    def is_moe_layer(self, layer):
-        return layer in self.sparse_layers
-
-    def layer_parameters(self, layer):
-        """How many weights one layer's MLP or MoE block holds (router and shared expert included)."""
-        h = self.hidden_size
-        if not self.is_moe_layer(layer):
-            return 3 * h * self.intermediate_size
-        m = self.moe
-        return m.num_experts * (3 * h * m.intermediate_size + h) + 3 * h * m.shared_intermediate_size + (
-            h if m.shared_expert_gate else 0)
-
-    def check_tp(self, tp_size, layers=None, quant=None):
-        """ValueError unless tp_size divides every intermediate size the layers (default: all) split, and (int8
-        with group-wise scales, ``quant``) the projections' input sizes on a rank hold whole groups."""
-        layers = range(self.num_hidden_layers) if layers is None else layers
-        sizes = {self.intermediate_size for i in layers if not self.is_moe_layer(i)}
-        if any(self.is_moe_layer(i) for i in layers):
-            sizes |= {self.moe.intermediate_size} | ({self.moe.shared_intermediate_size} - {0})
-        for size in sorted(sizes):
-            check_tp(size, tp_size)
-        g = group_size(quant)
-        if g and any(k % g for k in (self.hidden_size, *(size // tp_size for size in sizes))):
-            raise CheckpointError(f"quant {quant}: expected hidden_size and every intermediate size / tp_size "
-                                  f"multiples of {g}, got hidden_size {self.hidden_size}, intermediate size / "
-                                  f"{tp_size}: {', '.join(str(size // tp_size) for size in sorted(sizes))}")
-
-    def check_layer(self, layer):
-        if not 0 <= layer < self.num_hidden_layers:
-            raise CheckpointError(f"layer: expected 0..{self.num_hidden_layers - 1} "
-                                  f"(num_hidden_layers={self.num_hidden_layers}), got {layer}")
-
-
-class _Raw:
-    """config.json's fields, each checked as it is read."""
-
-    def __init__(self, path, raw):
-        self.path, self.raw = path, raw
-
-    def _get(self, name, default, ok, what):
-        value = self.raw.get(name, default)
-        if not ok(value):
-            raise CheckpointError(f"{self.path}: expected {name} {what}, got {value!r}")
-        return value
-
-    def int(self, name, default=None, minimum=1):
-        return self._get(name, default, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum,
-                         "a positive integer" if minimum == 1 else f"an integer >= {minimum}")
-
-    def float(self, name, default=None):
-        return float(self._get(name, default, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-                               and v > 0 and np.isfinite(v), "a positive number"))
-
-    def bool(self, name, default):
-        return self._get(name, default, lambda v: isinstance(v, bool), "true or false")
-
-    def ints(self, name):
-        return self._get(name, [], lambda v: v is None or (isinstance(v, list) and all(
-            isinstance(i, int) and not isinstance(i, bool) for i in v)), "a list of layer indices") or []
-
-    def str(self, name, allowed):
-        return self._get(name, allowed[0], lambda v: v in allowed, f"one of {', '.join(map(repr, allowed))}")
-
-
-def _moe(model_type, c, layers):
-    """(MoEConfig, sparse layers) of an MoE family (the defaults are transformers' config classes')."""
-    if model_type == "mixtral":
-        moe = MoEConfig(c.int("num_local_experts"), c.int("num_experts_per_tok"), c.int("intermediate_size"),
-                        Softmax(renormalize=True))
-        return moe, frozenset(layers)
-    if model_type in ("qwen2_moe", "qwen3_moe"):
-        shared = c.int("shared_expert_intermediate_size", 5632, minimum=0) if model_type == "qwen2_moe" else 0
-        moe = MoEConfig(c.int("num_experts"), c.int("num_experts_per_tok"), c.int("moe_intermediate_size"),
-                        Softmax(renormalize=c.bool("norm_topk_prob", False)), shared_intermediate_size=shared,
-                        shared_expert_gate=bool(shared))
-        dense, step = set(c.ints("mlp_only_layers")), c.int("decoder_sparse_step", 1)
-        return moe, frozenset(i for i in layers if i not in dense and (i + 1) % step == 0)
-    c.str("scoring_func", ["sigmoid"])  # DeepSeek-V3's noaux_tc routing; V2's softmax/greedy are not it
-    c.str("topk_method", ["noaux_tc"])
-    inter = c.int("moe_intermediate_size")
-    router = SigmoidGroups(renormalize=c.bool("norm_topk_prob", True), n_group=c.int("n_group", 8),
-                           topk_group=c.int("topk_group", 4),
-                           routed_scaling_factor=c.float("routed_scaling_factor", 2.5))
-    moe = MoEConfig(c.int("n_routed_experts"), c.int("num_experts_per_tok"), inter, router,
-                    shared_intermediate_size=c.int("n_shared_experts", 1, minimum=0) * inter)
-    first, freq = c.int("first_k_dense_replace", 3, minimum=0), c.int("moe_layer_freq", 1)
-    return moe, frozenset(i for i in layers if i >= first and i % freq == 0)
+DENSE_FAMILIES = tuple(t for t, f in FAMILIES.items() if not f.has_moe)
+MOE_FAMILIES = tuple(t for t, f in FAMILIES.items() if f.has_moe)
 
 
 def read_config(folder):
@@ -208,30 +44,6 @@ def read_config_json(folder):
     return parse_config(raw, path), raw
 
 
-def parse_config(raw, path):
-    """The :class:`ModelConfig` of config.json's contents ``raw`` (``path`` names where they come from)."""
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
-    model_type = raw.get("model_type")
-    if model_type not in DENSE_FAMILIES + MOE_FAMILIES:
-        raise CheckpointError(f"{path}: expected model_type one of {', '.join(DENSE_FAMILIES + MOE_FAMILIES)}, "
-                              f"got {model_type!r}")
-    c = _Raw(path, raw)
-    c.str("hidden_act", ["silu", "swish"])  # the SwiGLU MLP's (transformers' default); gelu is another MLP
-    values = {name: c.int(name) for name in ("hidden_size", "intermediate_size", "num_hidden_layers")}
-    moe, sparse = _moe(model_type, c, range(values["num_hidden_layers"])) if model_type in MOE_FAMILIES else (
-        None, frozenset())
-    return ModelConfig(model_type=model_type, rms_norm_eps=c.float("rms_norm_eps", 1e-6), moe=moe,
-                       sparse_layers=sparse, **values)
-
-
-def _tp_parts(inter, tp_size, rank):
-    """(row slice of gate/up, column slice of down) of rank `rank`: the block starts at rank * I / p."""
-    check_tp(inter, tp_size, rank)
-    block = slice(rank * (inter // tp_size), (rank + 1) * (inter // tp_size))
-    return (block, slice(None)), (slice(None), block)
-
-
 def read_float(shards, name, shape, part=None):
     """A tensor of a HuggingFace checkpoint folder (``shards``: its SafetensorsFolder) and its dtype name: float
     (F32, F16, BF16) only. Int8 tensors there are another tool's quantization, whose scales this package does not
@@ -243,16 +55,50 @@ def read_float(shards, name, shape, part=None):
     return a, dtype
 
 
-def _read_mlp(shards, prefix, names, hidden, inter, tp_size, rank):
-    """(gate_up [2I/p, H], down [H, I/p], dtype) of the SwiGLU MLP whose gate/up/down are ``prefix + names[i]``."""
-    rows, cols = _tp_parts(inter, tp_size, rank)
-    gate, dtype = read_float(shards, prefix + names[0], (inter, hidden), rows)
-    up, up_dtype = read_float(shards, prefix + names[1], (inter, hidden), rows)
-    down, down_dtype = read_float(shards, prefix + names[2], (hidden, inter), cols)
+def _read_mlp(shards, gate_up, down, layout, e=None):
+    """(gate_up, down, dtype name) of one SwiGLU MLP (expert ``e`` of stacked ones): the rank's part of each."""
+    names = [name.format(e=e) for name in gate_up.hf + down.hf]
+    (gate, dtype), (up, up_dtype) = (read_float(shards, n, gate_up.hf_shape, layout.hf_part(gate_up))
+                                     for n in names[:2])
+    w_down, down_dtype = read_float(shards, names[2], down.hf_shape, layout.hf_part(down))
     if not dtype == up_dtype == down_dtype:
+        prefix = os.path.commonprefix(names)
+        prefix = prefix[:prefix.rfind(".") + 1] if e is None else prefix[:prefix.find("experts.")]
         raise CheckpointError(f"{prefix}: expected gate, up and down in one dtype, got {dtype}, {up_dtype}, "
-                              f"{down_dtype} ({', '.join(names)})")
-    return pack_gate_up(gate, up), down, dtype
+                              f"{down_dtype} ({', '.join(n[len(prefix):] for n in names)})")
+    return pack_gate_up(gate, up), w_down, dtype
+
+
+def _read_experts(shards, gate_up, down, layout, layer):
+    """The rank's experts stacked ([E, 2I/p, H], [E, H, I/p]) in the experts' own dtype (not the router's)."""
+    mine = layout.experts(gate_up.experts)
+    for i, e in enumerate(mine):
+        g, d, stored = _read_mlp(shards, gate_up, down, layout, e)
+        if i == 0:
+            dtype = stored
+            w_gate_up, w_down = np.empty((len(mine), *g.shape), g.dtype), np.empty((len(mine), *d.shape), d.dtype)
+        elif stored != dtype:
+            raise CheckpointError(f"layer {layer}: expected every expert in one dtype, got {dtype} for expert "
+                                  f"{mine.start} and {stored} for expert {e} ({gate_up.hf[0].format(e=e)})")
+        w_gate_up[i], w_down[i] = g, d
+    return w_gate_up, w_down, dtype
+
+
+def read_layer(shards, config, layer, layout=WHOLE):
+    """(``{kind: array}`` of one layer, the rank's part of each tensor read as such, packed and stacked; the dtype
+    name of its MLP or routed experts). ``shards``: the checkpoint's :class:`SafetensorsFolder`."""
+    config.check_layer(layer)
+    specs, out, dtype = layer_tensors(config, layer), {}, None
+    for i, spec in enumerate(specs):
+        if spec.split is Split.REPLICATED:
+            out[spec.kind] = read_float(shards, spec.hf[0], spec.hf_shape)[0]
+        elif spec.split is Split.ROWS:  # an MLP: its gate_up spec, then its down spec
+            down = specs[i + 1]
+            read = _read_experts(shards, spec, down, layout, layer) if spec.experts else _read_mlp(
+                shards, spec, down, layout)
+            out[spec.kind], out[down.kind], stored = read
+            dtype = dtype or stored
+    return out, dtype
 
 
 def load_dense_layer(folder, layer, config=None, tp_size=1, rank=0):
@@ -263,10 +109,7 @@ def load_dense_layer(folder, layer, config=None, tp_size=1, rank=0):
     if config.is_moe_layer(layer):
         raise CheckpointError(f"layer {layer}: expected a dense layer, got a mixture-of-experts layer of "
                               f"{config.model_type!r}; use load_moe_layer")
-    names = [f"{part}_proj.weight" for part in ("gate", "up", "down")]
-    gate_up, down, dtype = _read_mlp(SafetensorsFolder(folder), f"model.layers.{layer}.mlp.", names,
-                                     config.hidden_size, config.intermediate_size, tp_size, rank)
-    return {"gate_up": gate_up, "down": down}, dtype
+    return read_layer(SafetensorsFolder(folder), config, layer, ParallelLayout(tp_size, rank))
 
 
 def load_moe_layer(folder, layer, config=None, tp_size=1, rank=0):
@@ -279,27 +122,4 @@ def load_moe_layer(folder, layer, config=None, tp_size=1, rank=0):
     if not config.is_moe_layer(layer):
         raise CheckpointError(f"layer {layer}: expected a mixture-of-experts layer, got a dense layer of "
                               f"{config.model_type!r}; use load_dense_layer")
-    shards, keys, moe, hidden = SafetensorsFolder(folder), config.keys, config.moe, config.hidden_size
-    p = keys.prefix(layer)
-    check_tp(moe.intermediate_size, tp_size, rank)
-    out = {"router": read_float(shards, p + "gate.weight", (moe.num_experts, hidden))[0]}
-    for e in range(moe.num_experts):  # stacked in the experts' own dtype (not the router's)
-        names = [keys.expert.format(e=e, part=part) for part in keys.parts]
-        gate_up, down, stored = _read_mlp(shards, p, names, hidden, moe.intermediate_size, tp_size, rank)
-        if e == 0:
-            dtype = stored
-            out["gate_up"] = np.empty((moe.num_experts, *gate_up.shape), gate_up.dtype)
-            out["down"] = np.empty((moe.num_experts, *down.shape), down.dtype)
-        elif stored != dtype:
-            raise CheckpointError(f"layer {layer}: expected every expert in one dtype, got {dtype} for expert 0 "
-                                  f"and {stored} for expert {e} ({p + names[0]})")
-        out["gate_up"][e], out["down"][e] = gate_up, down
-    if keys.bias:
-        out["bias"] = read_float(shards, p + keys.bias, (moe.num_experts,))[0]
-    if moe.shared_intermediate_size:
-        names = [f"{keys.shared}{part}_proj.weight" for part in ("gate", "up", "down")]
-        out["shared_gate_up"], out["shared_down"], _ = _read_mlp(shards, p, names, hidden,
-                                                                 moe.shared_intermediate_size, tp_size, rank)
-        if moe.shared_expert_gate:
-            out["shared_gate"] = read_float(shards, p + keys.shared_gate, (1, hidden))[0]
-    return out, dtype
+    return read_layer(SafetensorsFolder(folder), config, layer, ParallelLayout(tp_size, rank))

@@ -13,14 +13,14 @@ import sys
 
 from ms_swiglu.backends import NAMES
 from ms_swiglu.config import DTYPE_NAMES
-from ms_swiglu.packing import QUANT
+from ms_swiglu.quant import names as quant_names
 
 
 def parser():
     p = argparse.ArgumentParser(prog="ms_swiglu.launch.worker", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, help="HuggingFace checkpoint folder or converted file (the same "
                                                        "on every node)")
-    p.add_argument("--quantize", choices=QUANT)
+    p.add_argument("--quantize", choices=quant_names())
     p.add_argument("--layer", type=int, required=True)
     p.add_argument("--input", required=True, help="float .npy of shape [..., hidden_size]")
     p.add_argument("--output", help="rank 0 writes the output here as float32 .npy")
@@ -37,13 +37,13 @@ def main(argv=None):
     if argv == ["--path"]:  # for msrun, which takes a script path
         print(os.path.abspath(__file__))
         return 0
-    from ms_swiglu.checkpoint import read_config  # noqa: PLC0415
+    from ms_swiglu.checkpoint import open_checkpoint  # noqa: PLC0415
     from ms_swiglu.runner import read_input, run_layer  # noqa: PLC0415
 
     args = parser().parse_args(argv)
-    config = read_config(args.checkpoint)
-    x = read_input(args.input, config.hidden_size)
-    run_layer(args.checkpoint, args.layer, x, config=config, dtype=args.dtype, backend=args.backend,
+    ckpt = open_checkpoint(os.path.abspath(args.checkpoint))
+    x = read_input(args.input, ckpt.config.hidden_size)
+    run_layer(ckpt, args.layer, x, dtype=args.dtype, backend=args.backend,
               repeat=args.repeat, tp_size=args.tp_size, output=os.path.abspath(args.output) if args.output else None,
               force=args.force, quant=args.quantize)
     return 0

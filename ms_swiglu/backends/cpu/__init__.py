@@ -8,7 +8,7 @@ RMSNorm and residual add are C++ calls too.
 """
 from ms_swiglu.backends.cpu.ops import FusedAdd, FusedLinear, FusedRMSNorm, GroupedExperts, swiglu_op
 from ms_swiglu.backends.cpu import kernels
-from ms_swiglu.backends.spec import Backend
+from ms_swiglu.backends.spec import Backend, Facts
 
 
 def _activation_bytes(n, hidden, inter, itemsize):
@@ -22,16 +22,13 @@ BACKEND = Backend(
     swiglu=swiglu_op,
     linear=FusedLinear,
     experts=GroupedExperts,
-    experts_in_out=False,
+    rms_norm=FusedRMSNorm,
+    add=FusedAdd,
     device="CPU",
     # Measured: MindSpore's graph-mode recompute (Cell.recompute, primitive recompute, mindspore.recompute) never
     # re-runs an aot Custom op; the MLP needs none: its forward never stores [T, 2I], its backward recomputes it.
     recomputable=False,
     upcasts_on_cpu=True,
     dynamic_shapes=True,
-    deployable="",
-    graph_ops=frozenset({"Custom"}),
-    activation_bytes=_activation_bytes,
-    rms_norm=FusedRMSNorm,
-    add=FusedAdd,
+    facts=Facts(deployable="", graph_ops=frozenset({"Custom"}), activation_bytes=_activation_bytes),
 )

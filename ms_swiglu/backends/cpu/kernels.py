@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from ms_swiglu.packing import group_size
+from ms_swiglu import quant as formats
 
 # The NumPy arrays `run` takes per dtype (bfloat16 as its 16-bit patterns).
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
@@ -119,7 +119,8 @@ def path(dtype, tokens, quant=None, expert=False):
     against x transposed, on AVX2). Per-row int8 has its own ranges; int8 with group-wise scales takes the paths
     of weights in ``dtype`` (dequantized for them where the kernel does not apply the scales itself)."""
     onednn()
-    per_row_int8 = quant is not None and group_size(quant) is None
+    method = formats.get(quant)
+    per_row_int8 = method.quantized and method.group is None
     return paths()[_lib().msw_path(_dtype(dtype), int(tokens), bool(expert), per_row_int8)]
 
 

@@ -5,7 +5,9 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import CustomRegOp, DataType
 
 from ms_swiglu.backends.cpu import kernels
-from ms_swiglu.backends.spec import SwiGLUOp
+from ms_swiglu.backends.spec import ExpertsOp, SwiGLUOp, check_format
+from ms_swiglu.quant.base import QuantMethod
+from ms_swiglu.quant.int8 import Int8
 
 
 F = "float"  # an input in the op's float dtype: float32, float16 or bfloat16, like its output
@@ -49,11 +51,11 @@ class FusedLinear(nn.Cell):
         x: [T, K]    w: [M, K] (int8 with scale [M] or [M, K/128] float32)    out: [T, M], or [T, M/2] with ``swiglu``
     """
 
-    def __init__(self, dtype, swiglu, quant=None):
+    def __init__(self, dtype, swiglu, quant):
         super().__init__()
         kernels.onednn()  # bind (and check) oneDNN now, not inside the first graph run
         name = "GateUpSwiglu" if swiglu else "Linear"
-        if quant:
+        if check_format("cpu", quant, QuantMethod, Int8).quantized:  # the kernels read the scales' shape
             self.op = aot_op("Q" + name, (F, I8, F32))
             return
         f32 = mstype.float32
@@ -74,7 +76,7 @@ class FusedLinear(nn.Cell):
         return self.op(x, w) if scale is None else self.op(x, w, scale)
 
 
-class GroupedExperts(nn.Cell):
+class GroupedExperts(ExpertsOp):
     """The routed experts of a MoE block in two C++ calls over the stacked weights, read in place: the rows
     grouped by expert, each expert's gate/up GEMM with the SwiGLU as its epilogue, then each expert's down GEMM
     and the weighted sum of every token's k rows in float32. Inference only (no backward). int8 experts are read
@@ -86,10 +88,10 @@ class GroupedExperts(nn.Cell):
         int8: w_* int8, s_gate_up: [E, 2I] float32, s_down: [E, H] float32 (int8-g128: [E, 2I, H/128], [E, H, I/128])
     """
 
-    def __init__(self, dtype, quant=None):
+    def __init__(self, dtype, quant):
         super().__init__()
         kernels.onednn()
-        q, w = ("Q", (I8, F32)) if quant else ("", (F,))
+        q, w = ("Q", (I8, F32)) if check_format("cpu", quant, QuantMethod, Int8).quantized else ("", (F,))
         self.gate_up = aot_op(q + "MoeGateUpSwiglu", (F, I32, *w))  # -> [T k, I], grouped rows
         self.down = aot_op(q + "MoeDownCombine", (F, I32, F32, *w))
 

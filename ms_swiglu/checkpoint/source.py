@@ -1,0 +1,106 @@
+"""One object for a checkpoint, whichever form it has: a HuggingFace folder or the files ``ms-swiglu convert``
+wrote. :func:`open_checkpoint` reads its config once; :meth:`Checkpoint.layer` gives a rank's part of a layer, in
+the weight format asked (or the one it is stored in). No MindSpore here."""
+import os
+
+from ms_swiglu import quant as formats
+from ms_swiglu.checkpoint import hf
+from ms_swiglu.checkpoint.converted import ConvertedFile, quantize_layer
+from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
+from ms_swiglu.layout import WHOLE
+
+
+class HFCheckpoint:
+    """A HuggingFace checkpoint folder (float weights; quantized at load when asked)."""
+
+    converted = False
+    quant = None  # the weight format it is stored in: None, float
+
+    def __init__(self, folder):
+        self.path, self.where = folder, os.path.abspath(folder)  # (read later, maybe from another folder)
+        self.config, self.config_json = hf.read_config_json(folder)
+        self._shards = None
+
+    @property
+    def shards(self):
+        """Its :class:`~ms_swiglu.checkpoint.files.SafetensorsFolder` (opened on first use)."""
+        if self._shards is None:
+            self._shards = SafetensorsFolder(self.where)
+        return self._shards
+
+    def check(self, layers, tp_size=1, quant=None):
+        """InputError unless the layers exist, tp_size splits them, and (``quant``) their sizes take the format."""
+        for layer in layers:
+            self.config.check_layer(layer)
+        self.config.check_tp(tp_size, layers, quant)
+
+    def layer(self, layer, layout=WHOLE, quant=None):
+        """(``{kind: array}`` of the rank's part of a layer, its dtype name, its weight format): float tensors
+        quantized by ``quant`` where asked, each rank's part by itself."""
+        tensors, dtype = hf.read_layer(self.shards, self.config, layer, layout)
+        method = formats.get(quant)
+        if method.quantized:
+            tensors = quantize_layer(self.config, layer, tensors, method)
+        return tensors, dtype, method
+
+
+class ConvertedCheckpoint:
+    """The files of a conversion (``X.safetensors`` or its rank files ``X-tp{r}-of-K.safetensors``): packed,
+    and quantized if they were converted so."""
+
+    converted = True
+
+    def __init__(self, path):
+        self.path, self.where = path, os.path.abspath(path)
+        first = ConvertedFile.any_rank(path)
+        self.config, self.quant, self.layers = first.config, first.quant, first.layers
+        self._files = {}
+
+    def file(self, tp_size=1, rank=0):
+        """Rank ``rank``'s file of the conversion with ``tp_size`` ranks (once every rank's file is found and of
+        one conversion)."""
+        if (tp_size, rank) not in self._files:
+            if rank == 0:
+                self._files[tp_size, 0] = ConvertedFile.whole_set(self.where, tp_size)
+            else:
+                self._files[tp_size, rank] = ConvertedFile(self.where, tp_size, rank)
+        return self._files[tp_size, rank]
+
+    def check(self, layers, tp_size=1, quant=None):
+        file = self.file(tp_size)
+        for layer in layers:
+            file.check_layer(layer)
+        file.check_quant(quant)
+        self.config.check_tp(tp_size, layers, None if self.quant else quant)
+
+    def layer(self, layer, layout=WHOLE, quant=None):
+        file = self.file(layout.tp_size, layout.tp_rank)
+        tensors, dtype = file.layer(layer)
+        if file.quant:
+            file.check_quant(quant)
+            return tensors, dtype, formats.get(file.quant)
+        method = formats.get(quant)
+        if method.quantized:
+            tensors = quantize_layer(self.config, layer, tensors, method)
+        return tensors, dtype, method
+
+
+def is_converted(path):
+    """Whether ``path`` names converted files (``X.safetensors``, or its rank files) rather than a checkpoint
+    folder."""
+    return path.endswith(".safetensors") or os.path.isfile(path)
+
+
+def open_checkpoint(path):
+    """The checkpoint at ``path``: an open one is returned as it is."""
+    if isinstance(path, (HFCheckpoint, ConvertedCheckpoint)):
+        return path
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise CheckpointError(f"checkpoint: expected a folder or a converted file name, got {path!r}")
+    path = os.fspath(path)
+    return ConvertedCheckpoint(path) if is_converted(path) else HFCheckpoint(path)
+
+
+def read_config(path):
+    """The :class:`~ms_swiglu.families.base.ModelConfig` of a checkpoint folder or of convert's files."""
+    return open_checkpoint(path).config

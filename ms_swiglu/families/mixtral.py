@@ -1,0 +1,18 @@
+"""Mixtral: every layer MoE under ``block_sparse_moe.``; softmax top-k, renormalised; experts w1 (gate), w3 (up),
+w2 (down)."""
+from ms_swiglu.families.base import Family, Keys, MoEConfig
+from ms_swiglu.routing import Softmax
+
+
+class Mixtral(Family):
+    has_moe = True
+    model_types = ("mixtral",)
+    keys = Keys(block="block_sparse_moe", expert="experts.{e}.{part}.weight", parts=("w1", "w3", "w2"))
+
+    def moe(self, c, layers):
+        moe = MoEConfig(c.int("num_local_experts"), c.int("num_experts_per_tok"), c.int("intermediate_size"),
+                        Softmax(renormalize=True))
+        return moe, frozenset(layers)
+
+
+FAMILY = Mixtral()

@@ -212,7 +212,10 @@ def _golden_net(req, net):
     weights and their float32 scales as they are): the golden outputs' computation, no intermediate rounding."""
     import mindspore as ms  # noqa: PLC0415
 
-    gold = _build(dataclasses.replace(req, dtype="float32"), "composite")[0]
+    from ms_swiglu.initial import empty_weights  # noqa: PLC0415
+
+    with empty_weights():  # every weight is set from net's below
+        gold = _build(dataclasses.replace(req, dtype="float32"), "composite")[0]
     stored = dict(net.parameters_and_names())
     from ms_swiglu.moe import StackedExperts  # noqa: PLC0415
 

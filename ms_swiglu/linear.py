@@ -9,6 +9,7 @@ MatMul followed by the backend's SwiGLU op.
 import mindspore as ms
 from mindspore import nn
 
+from ms_swiglu import initial
 from ms_swiglu import quant as formats
 from ms_swiglu.backends import resolve
 from ms_swiglu.backends.matmul import cpu_upcast, matmul
@@ -26,7 +27,9 @@ class Dense(nn.Dense):
 
     def __init__(self, d_in, d_out, dtype, backend="auto"):
         dtype = to_dtype(dtype)
-        super().__init__(d_in, d_out, has_bias=False, dtype=dtype)
+        # a Cell built to be loaded starts from zeros, not random values (ms_swiglu.initial)
+        super().__init__(d_in, d_out, has_bias=False, dtype=dtype,
+                         weight_init="zeros" if initial.building_empty() else None)
         self.upcast = cpu_upcast(dtype, resolve(backend))
 
     def construct(self, x):

@@ -12,6 +12,7 @@ from ms_swiglu.backends import resolve
 from ms_swiglu.cells import TokenCell
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
+from ms_swiglu.initial import empty_weights
 from ms_swiglu.linear import Dense, Linear
 from ms_swiglu.packing import check_tp, pack_state_dict, unpack_state_dict
 from ms_swiglu.parallel import reduce_cell
@@ -81,7 +82,8 @@ class SwiGLUMLP(TokenCell):
 def to_packed(mlp, *, backend="auto"):
     """A :class:`PackedSwiGLUMLP` with the weights of a :class:`SwiGLUMLP` (``gate, up -> gate_up``)."""
     dtype = mlp.down_proj.weight.dtype
-    packed = PackedSwiGLUMLP(mlp.hidden_size, mlp.intermediate_size, dtype=dtype, backend=backend)
+    with empty_weights():
+        packed = PackedSwiGLUMLP(mlp.hidden_size, mlp.intermediate_size, dtype=dtype, backend=backend)
     return load_weights(packed, pack_state_dict(weights(mlp)))
 
 
@@ -90,8 +92,9 @@ def to_quantized(packed, quant="int8", backend=None):
     by default the same)."""
     if packed.quant:
         raise InputError(f"to_quantized: expected a float PackedSwiGLUMLP, got one quantized to {packed.quant}")
-    mlp = PackedSwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=packed.compute_dtype,
-                          backend=backend or packed.backend, tp_size=packed.tp_size, quant=formats.get(quant))
+    with empty_weights():
+        mlp = PackedSwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=packed.compute_dtype,
+                              backend=backend or packed.backend, tp_size=packed.tp_size, quant=formats.get(quant))
     return load_weights(mlp, formats.quantize_state_dict(weights(packed), quant))
 
 
@@ -100,7 +103,8 @@ def to_unpacked(packed):
     if packed.quant:
         raise InputError(f"to_unpacked: expected a float PackedSwiGLUMLP, got one quantized to {packed.quant}")
     dtype = packed.down_proj.weight.dtype
-    mlp = SwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=dtype)
+    with empty_weights():
+        mlp = SwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=dtype)
     return load_weights(mlp, unpack_state_dict(weights(packed)))
 
 

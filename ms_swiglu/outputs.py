@@ -60,7 +60,7 @@ def _check_replaceable(path):
                          f"files are replaced)")
 
 
-def _disk_full(exc, path):
+def disk_full(exc, path):
     """An OSError of a write as the full-disk error it is (NumPy's own says only how much it wrote)."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return OSError(exc.errno, os.strerror(exc.errno), path)
@@ -135,7 +135,7 @@ class OutputSet:
         try:
             writer(self.temporary(path))
         except OSError as exc:
-            raise _disk_full(exc, path) from None
+            raise disk_full(exc, path) from None
 
     def commit(self):
         """Put every entry in place; without ``force`` an existing name (another writer's) fails the whole set.

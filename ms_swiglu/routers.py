@@ -6,13 +6,12 @@ Every router: x [T, H] -> (weights [T, k] float32, experts [T, k] int32), slots 
 
 Each router Cell has a config of its own in ``ms_swiglu.routing``, which builds it for a block.
 """
-import math
 
 import mindspore as ms
 from mindspore import Parameter, nn, ops
 from mindspore.common import dtype as mstype
-from mindspore.common.initializer import HeUniform, initializer
 
+from ms_swiglu import initial
 from ms_swiglu import quant as formats
 from ms_swiglu.backends import resolve
 from ms_swiglu.config import to_dtype
@@ -39,7 +38,7 @@ def _first_columns(indices, k):
 
 
 def _weight(num_experts, hidden_size, dtype):
-    return Parameter(initializer(HeUniform(math.sqrt(5)), [num_experts, hidden_size], dtype), name="weight")
+    return initial.parameter((num_experts, hidden_size), dtype, "weight")
 
 
 class SoftmaxTopK(nn.Cell):

@@ -99,3 +99,43 @@ def make_checkpoint(folder, *, model_type="llama", hidden=32, inter=48, layers=2
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     return stored
+
+
+def to_fp8(src, dst, block=(128, 128), skip=()):
+    """The checkpoint folder ``src`` (float32, single file) rewritten to ``dst`` as DeepSeek publishes FP8: every
+    ``*_proj.weight`` and expert weight ``float8_e4m3fn`` (encoded by ml_dtypes, round to nearest even) with a
+    float32 ``weight_scale_inv`` per ``block`` (amax / 448), the rest (router, its bias, norms, names in ``skip``)
+    as they were, and config.json's quantization_config. Returns {name: float32 values the weights stand for},
+    dequantized here by ml_dtypes: the reference."""
+    import ml_dtypes  # noqa: PLC0415
+    from safetensors.numpy import load_file  # noqa: PLC0415
+
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    os.makedirs(dst, exist_ok=True)
+    entries, values = {}, {}
+    for name, w in tensors.items():
+        fp8 = name.endswith("_proj.weight") or (".experts." in name and name.endswith(".weight"))
+        if not fp8 or name in skip:
+            entries[name], values[name] = ("float32", np.ascontiguousarray(w, np.float32)), w
+            continue
+        rows, cols = -(-w.shape[0] // block[0]), -(-w.shape[1] // block[1])
+        scale = np.ones((rows, cols), np.float32)
+        for i in range(rows):
+            for j in range(cols):
+                b = w[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]]
+                scale[i, j] = max(np.abs(b).max() / 448, 1e-12)
+        full = np.repeat(np.repeat(scale, block[0], 0), block[1], 1)[:w.shape[0], :w.shape[1]]
+        q = (w / full).astype(ml_dtypes.float8_e4m3fn)
+        entries[name] = ("float8_e4m3fn", q.view(np.uint8))
+        entries[name + "_scale_inv"] = ("float32", scale)
+        values[name] = q.astype(np.float32) * full
+    specs = {n: TensorSpec(dtype=d, shape=list(a.shape), data_ptr=a.ctypes.data, data_len=a.nbytes)
+             for n, (d, a) in entries.items()}
+    serialize_file(specs, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config.update(torch_dtype="bfloat16", quantization_config={
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)})
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return values

@@ -193,7 +193,7 @@ def expected_tables(tool, data):
              "of read probe": f"{c['fraction_of_read']:.0%}" if "fraction_of_read" in c else "-"}
             for c in data["results"] if "moe" in c]
     probes = [c for c in data["results"] if "build_and_first_call_s" in c]
-    build = [{"shape": c["shape"], "dtype": c["dtype"], "E": e, "build s": f"{b:.2f}", "weights s": f"{w:.2f}",
+    build = [{"shape": c["shape"], "dtype": c["dtype"], "E": e, "build s": f"{b:.2f}", "load s": f"{w:.2f}",
               "compile and first call s": f"{f:.2f}"}
              for c in probes for e, (b, w, f) in c["build_and_first_call_s"].items()]
     memory = [{"shape": c["shape"], "dtype": c["dtype"], "T": t, "peak added MiB": f"{v / 2**20:.1f}",

@@ -463,8 +463,8 @@ def test_a_huggingface_checkpoint_with_int8_weights_is_refused(tmp_path):
     for name in [n for n in tensors if n.endswith("_proj.weight")]:
         tensors[name], tensors[name + "_scale"] = quantize_int8(tensors[name])
     save_file(tensors, str(hfq / "model.safetensors"))
-    expected = ("model.layers.0.mlp.gate_proj.weight: expected float weights (F32, F16 or BF16) in a HuggingFace "
-                "checkpoint, got I8")
+    expected = ("model.layers.0.mlp.gate_proj.weight: expected float weights (F32, F16, BF16 or F8_E4M3) in a "
+                "HuggingFace checkpoint, got I8")
     for args, output in ((("convert", "--output", tmp_path / "c.safetensors", "--quantize", "int8"), "c.safetensors"),
                          (("convert", "--output", tmp_path / "d.safetensors"), "d.safetensors"),
                          (("run", "--layer", 0, "--dtype", "float32", "--output", tmp_path / "y.npy"), "y.npy"),

@@ -87,9 +87,9 @@ def test_bench_probes_and_tp_workers_never_import_from_the_working_directory(ckp
 FAULT = r"""
 import os, signal, sys
 from ms_swiglu import cli
-from ms_swiglu.checkpoint import files
+from ms_swiglu.checkpoint import converted
 calls, when, how = [0], int(os.environ["FAULT_AT"]), os.environ["FAULT"]
-original = getattr(files, "dump_safetensors") if os.environ["FAULT_IN"] == "dump" else os.link
+original = converted.layout_safetensors if os.environ["FAULT_IN"] == "dump" else os.link
 def faulty(*a, **k):
     calls[0] += 1
     if calls[0] == when:
@@ -97,8 +97,8 @@ def faulty(*a, **k):
             os.kill(os.getpid(), signal.SIGKILL)
         raise {"disk": OSError(28, "No space left on device"), "ctrl-c": KeyboardInterrupt()}[how]
     return original(*a, **k)
-if os.environ["FAULT_IN"] == "dump":
-    files.dump_safetensors = faulty
+if os.environ["FAULT_IN"] == "dump":  # each rank's file starts with its layout
+    converted.layout_safetensors = faulty
 else:
     os.link = faulty
 sys.exit(cli.main(sys.argv[1:]))

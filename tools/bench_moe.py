@@ -51,22 +51,30 @@ def _blocks(shape, dtype, backend, experts=None):
 
 
 def probe(kind, shape, dtype, backend, arg):
-    """In a fresh process: ``build`` (arg = E): seconds to build the block (Cells, Parameters), to fill its weights
-    (the random initializer: proportional to E, as loading a checkpoint is) and to compile and run its first call,
-    comma-separated; ``memory`` (arg = T): the peak resident bytes one call at T tokens adds (after one at T=1)."""
+    """In a fresh process: ``build`` (arg = E): seconds to build the block as the checkpoint loaders do (Cells and
+    placeholder Parameters, ``ms_swiglu.initial.empty_weights``), to load its weights from float32 arrays already in
+    memory (as read from a checkpoint; proportional to E) and to compile and run its first call, comma-separated;
+    ``memory`` (arg = T): the peak resident bytes one call at T tokens adds (after one at T=1)."""
     import mindspore as ms  # noqa: PLC0415
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     hidden = SHAPES[shape][0]
     if kind == "build":
+        from ms_swiglu.initial import empty_weights  # noqa: PLC0415
+        from ms_swiglu.mlp import load_weights  # noqa: PLC0415
+
         t0 = time.perf_counter()
-        moe, _ = _blocks(shape, dtype, backend, experts=arg)
-        t1 = time.perf_counter()
-        moe.init_parameters_data()
-        t2 = time.perf_counter()
+        with empty_weights():
+            moe, _ = _blocks(shape, dtype, backend, experts=arg)
+        build = time.perf_counter() - t0
+        state = {name: np.full(p.shape, 0.01, np.float32) for name, p in moe.parameters_and_names()}
+        t0 = time.perf_counter()
+        load_weights(moe, state)
+        load = time.perf_counter() - t0
+        t0 = time.perf_counter()
         moe(ms.Tensor(np.ones((1, hidden), np.float32)).astype(getattr(ms, dtype))).asnumpy()
-        return f"{t1 - t0},{t2 - t1},{time.perf_counter() - t2}"
+        return f"{build},{load},{time.perf_counter() - t0}"
     moe, _ = _blocks(shape, dtype, backend)
     moe(ms.Tensor(np.ones((1, hidden), np.float32)).astype(getattr(ms, dtype))).asnumpy()
     x = ms.Tensor(np.random.default_rng(0).standard_normal((arg, hidden)).astype(np.float32)).astype(getattr(ms, dtype))
@@ -147,7 +155,7 @@ def run(args):
             weights = 3 * e * hidden * inter * SIZE[d]
             results.append({"shape": shape, "dtype": d, "build_and_first_call_s": build,
                             "peak_added_bytes": mem, "activation_bytes_tk_h_plus_i": act, "stacked_weight_bytes": weights})
-            builds = ", ".join(f"E={ex}: build {b:.1f} s + weights {w:.1f} s + compile and first call {c:.1f} s"
+            builds = ", ".join(f"E={ex}: build {b:.1f} s + load {w:.1f} s + compile and first call {c:.1f} s"
                                for ex, (b, w, c) in build.items())
             print(f"{shape} {d}: {builds}; one call at T={n} adds {mem[n] / 2**20:.1f} MiB "
                   f"(T*k*(H+I) = {act / 2**20:.1f} MiB; the stacked weights are {weights / 2**20:.0f} MiB)", flush=True)

@@ -30,6 +30,7 @@ TOOLS = {  # tool: (what runs it, the fields its JSON has beside machine and dat
     "bench_mlp": ("ms-swiglu bench", ("peaks_gflops", "results")),
     "bench_quant": ("python -m ms_swiglu.tools.bench_quant", ("speed",)),
     "bench_moe": ("python -m ms_swiglu.tools.bench_moe", ("backend", "results")),
+    "bench_convert": ("python -m ms_swiglu.tools.bench_convert", ("args", "results")),
 }
 RECORD = "python -m ms_swiglu.tools.docs --record TOOL FILE.json"
 
@@ -228,7 +229,7 @@ def moe_tables(data):
     probes = [c for c in data["results"] if "build_and_first_call_s" in c]
     if probes:
         tables.append(table([("shape", False, False), ("dtype", False, False), ("E", True, False),
-                             ("build s", True, False), ("weights s", True, False),
+                             ("build s", True, False), ("load s", True, False),
                              ("compile and first call s", True, False)],
                             [[c["shape"], c["dtype"], e, *(f"{v:.2f}" for v in times)]
                              for c in probes for e, times in c["build_and_first_call_s"].items()]))
@@ -242,7 +243,20 @@ def moe_tables(data):
     return tables
 
 
-TABLES = {"bench_mlp": mlp_tables, "bench_quant": quant_tables, "bench_moe": moe_tables}
+def convert_tables(data):
+    """bench_convert: per number of experts and output, the peak resident memory of convert on an FP8 checkpoint,
+    against the float32 bytes of one expert and of the checkpoint."""
+    mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
+    return [table([("E", True, False), ("layers", True, False), ("writes", False, False), ("peak MiB", True, False),
+                   ("one expert float32 MiB", True, False), ("checkpoint float32 MiB", True, False),
+                   ("s", True, False)],
+                  [[c["experts"], c["layers"], c["quant"], mib(c["peak_resident_bytes"]),
+                    mib(c["expert_float32_bytes"]), mib(c["float32_bytes"]), f"{c['seconds']:.1f}"]
+                   for c in data["results"]])]
+
+
+TABLES = {"bench_mlp": mlp_tables, "bench_quant": quant_tables, "bench_moe": moe_tables,
+          "bench_convert": convert_tables}
 
 
 def settings(tool, data):
@@ -256,6 +270,8 @@ def settings(tool, data):
         return (f"--preset {data['preset']} --layers {data['layers']} --repeat {data['repeat']} "
                 f"--rounds {data['rounds']}")
     a = data.get("args", {})
+    if tool == "bench_convert":
+        return f"--hidden {a['hidden']} --inter {a['inter']} --experts {a['experts']} --layers {a['layers']}"
     return f"--backend {data['backend']} --rounds {a.get('rounds')}"
 
 

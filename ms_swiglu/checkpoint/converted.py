@@ -5,6 +5,8 @@ No MindSpore here.
 One layer's tensors are named and split as the tensor schema says (``ms_swiglu.schema``). Quantized: each
 projection in the weight format (``ms_swiglu.quant``), its float32 scales beside it as ``{name}_scale``.
 """
+import contextlib
+import dataclasses
 import glob
 import json
 import os
@@ -13,11 +15,11 @@ import numpy as np
 
 from ms_swiglu import paths
 from ms_swiglu import quant as formats
-from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
-from ms_swiglu.checkpoint import hf
+from ms_swiglu.checkpoint import fp8, hf
+from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder, encode, layout_safetensors
 from ms_swiglu.families import parse_config
-from ms_swiglu.layout import ParallelLayout
-from ms_swiglu.schema import SCALE, layer_tensors, stored_name
+from ms_swiglu.layout import WHOLE, ParallelLayout
+from ms_swiglu.schema import SCALE, Split, layer_tensors, stored_name
 
 FORMAT = "ms_swiglu.packed"
 
@@ -40,16 +42,18 @@ def quantize_layer(config, layer, tensors, method):
 def convert(checkpoint, output, *, layers=None, tp_size=1, dtype=None, quant=None, force=False, progress=None):
     """Write the packed layers ``layers`` (a range; default all) of the HuggingFace checkpoint folder ``checkpoint``
     as ``output`` (``FILE.safetensors``; with ``tp_size`` K one file per rank, ``FILE-tp{r}-of-K.safetensors``), in
-    ``dtype`` (default the checkpoint's) with projections quantized to ``quant``; returns ``[(path, tensor count)]``
-    and the dtype written.
+    ``dtype`` (default the checkpoint's; FP8 checkpoints: their config's dtype) with projections quantized to
+    ``quant``; returns ``[(path, tensor count)]`` and the dtype written.
 
-    Every rank's file is written in full beside its name, then all are put in place together
+    Streaming: each file's header is written first (every shape follows from the config), then each tensor piece
+    by piece, one MLP or one expert at a time (read, dequantized from FP8 in float32, quantized, split for every
+    rank, written in place), so memory holds a few experts' float32 weights, whatever the model's size. Every
+    rank's file is written in full beside its name, then all are put in place together
     (``ms_swiglu.outputs.OutputSet``): a failure leaves none, and each file names its set (``set``, ``tp_size``,
     ``rank``) so that a reader can tell a whole set from files a killed commit put in place. ``quant`` quantizes
-    each whole projection before it is sharded, so that every rank's rows carry the scales of the unsharded layer.
-    ``progress(done, total)`` is called after each layer."""
+    each whole projection (each expert's) before it is split, so that every rank's rows carry the scales of the
+    unsplit layer. ``progress(done, total)`` is called after each layer."""
     from ms_swiglu import signals  # noqa: PLC0415
-    from ms_swiglu.checkpoint.files import dump_safetensors  # noqa: PLC0415
     from ms_swiglu.outputs import OutputSet  # noqa: PLC0415
 
     if os.path.isfile(checkpoint):
@@ -60,26 +64,106 @@ def convert(checkpoint, output, *, layers=None, tp_size=1, dtype=None, quant=Non
         config.check_layer(layer)
     config.check_tp(tp_size, layers, quant)
     method, shards = formats.get(quant), SafetensorsFolder(checkpoint)
-    ranks = [{} for _ in range(tp_size)]
+    dtype = dtype or _stored_dtype(shards, config, layers.start)
+    ranks = [ParallelLayout(tp_size, rank) for rank in range(tp_size)]
+    entries = [{} for _ in ranks]
+    for layer in layers:
+        for spec in layer_tensors(config, layer):
+            for rank, layout in enumerate(ranks):
+                entries[rank].update(_entries(spec, layout, method, dtype))
     with OutputSet(rank_paths(output, tp_size), force) as out:
-        float32 = set()
-        for i, layer in enumerate(layers):
-            tensors, ckpt_dtype = hf.read_layer(shards, config, layer)
-            tensors = quantize_layer(config, layer, tensors, method) if method.quantized else tensors
-            dtype, specs = dtype or ckpt_dtype, layer_tensors(config, layer)
-            float32 |= {stored_name(specs, k) for k in tensors if k.endswith(SCALE)}
-            float32 |= {t.stored for t in specs if t.float32}
-            for rank, rank_tensors in enumerate(ranks):
-                part = ParallelLayout(tp_size, rank).shard_layer(specs, tensors, method)
-                rank_tensors.update({stored_name(specs, k): a for k, a in part.items()})
-            if progress:
-                progress(i + 1, len(layers))
-            signals.pause_point("convert-layer")
-        for rank, (path, tensors) in enumerate(zip(out.paths, ranks)):
-            meta = metadata(config_json, dtype, formats.name(method), tp_size, rank, layers, out.token)
-            out.write(path, lambda tmp, t=tensors, m=meta: dump_safetensors(tmp, t, dtype, m, float32=float32))
+        files = []
+        try:
+            for rank, path in enumerate(out.paths):
+                meta = metadata(config_json, dtype, formats.name(method), tp_size, rank, layers, out.token)
+                files.append(_StreamedFile(path, out.temporary(path), entries[rank], meta))
+            for i, layer in enumerate(layers):
+                for spec, piece, e in _pieces(shards, config, layer, method):
+                    for layout, file in zip(ranks, files):
+                        for kind, a in layout.shard(spec, piece, method).items():
+                            file.write(stored_name((spec,), kind), a, e)
+                if progress:
+                    progress(i + 1, len(layers))
+                signals.pause_point("convert-layer")
+        finally:
+            for file in files:
+                file.close()
         out.commit()
-    return [(path, len(tensors)) for path, tensors in zip(out.paths, ranks)], dtype
+    return [(path, len(names)) for path, names in zip(out.paths, entries)], dtype
+
+
+def _stored_dtype(shards, config, layer):
+    """The dtype a layer's MLP (or experts) is stored in, from the header: FP8 ones compute in the config's."""
+    spec = next(t for t in layer_tensors(config, layer) if t.quantized)
+    stored = shards.dtype_name(spec.hf[0].format(e=0))
+    return (config.dtype or "bfloat16") if stored == fp8.FP8 else stored
+
+
+def _entries(spec, layout, method, dtype):
+    """``{stored name: (shape, dtype name)}`` of a tensor (and its scales) in a rank's file."""
+    shape = list(spec.hf_shape)
+    if spec.split is not Split.REPLICATED:  # gate_up [2I/p, H], down [H, I/p]
+        block = layout.block(spec.size)
+        shape = [2 * (block.stop - block.start), shape[1]] if spec.split is Split.ROWS else [
+            shape[0], block.stop - block.start]
+        shape = [len(layout.experts(spec.experts))] * bool(spec.experts) + shape
+    if not (spec.quantized and method.quantized):
+        return {spec.stored: (tuple(shape), "float32" if spec.float32 else dtype)}
+    return {spec.stored: (tuple(shape), method.stored),
+            spec.stored + SCALE: (method.scale_shape(shape[:-1], shape[-1]), "float32")}
+
+
+def _pieces(shards, config, layer, method):
+    """(spec, ``{kind: array}`` of one piece, expert index or None) of a whole layer: each replicated tensor, each
+    MLP's gate_up and down (each expert's), quantized where the format quantizes them."""
+    specs = layer_tensors(config, layer)
+    for i, spec in enumerate(specs):
+        if spec.split is Split.REPLICATED:
+            yield spec, {spec.kind: hf.read_float(shards, spec.hf[0], spec.hf_shape, encoding=config.encoding)[0]}, None
+        elif spec.split is Split.ROWS:
+            down = specs[i + 1]
+            for e in range(spec.experts) if spec.experts else [None]:
+                gate_up, w_down, _ = hf.read_mlp(shards, spec, down, WHOLE, config.encoding, e)
+                for t, w in ((spec, gate_up), (down, w_down)):
+                    piece = {t.kind: w}
+                    if method.quantized:
+                        piece[t.kind], piece[t.kind + SCALE] = method.quantize(w)
+                    yield dataclasses.replace(t, experts=0), piece, e  # one expert: split like an MLP
+
+
+class _StreamedFile:
+    """A safetensors file written piece by piece to ``temporary`` (for ``path``): the header first, each tensor (or
+    one expert of a stacked one) at its place. A full disk is named as such (``outputs.disk_full``)."""
+
+    def __init__(self, path, temporary, entries, metadata):
+        head, self.offsets = layout_safetensors(entries, metadata)
+        self.path, self.entries, self.file = path, entries, None
+        with self._named():
+            self.file = open(temporary, "wb")
+            self.file.write(head)
+
+    @contextlib.contextmanager
+    def _named(self):
+        from ms_swiglu.outputs import disk_full  # noqa: PLC0415
+
+        try:
+            yield
+        except OSError as exc:
+            raise disk_full(exc, self.path) from None
+
+    def write(self, name, a, expert=None):
+        shape, dtype = self.entries[name]
+        if tuple(a.shape) != tuple(shape[1:] if expert is not None else shape):
+            raise RuntimeError(f"ms_swiglu: {name}: a piece of shape {a.shape} for {shape}")  # a bug of the plan
+        data = encode(a, dtype)
+        with self._named():
+            self.file.seek(self.offsets[name] + (0 if expert is None else expert * len(data)))
+            self.file.write(data)
+
+    def close(self):
+        if self.file is not None:
+            with self._named():
+                self.file.close()
 
 
 def metadata(config_json, dtype, quant, tp_size, rank, layers, token):

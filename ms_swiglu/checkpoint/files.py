@@ -12,11 +12,12 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ms_swiglu import paths
+from ms_swiglu.checkpoint.fp8 import FP8, decode_e4m3
 from ms_swiglu.errors import CheckpointError, InputError
 from ms_swiglu.outputs import OutputSet
 
-_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I8": np.int8}
-_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8"}
+_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I8": np.int8, "F8_E4M3": np.uint8}
+_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8", "F8_E4M3": FP8}
 
 
 class SafetensorsFolder:
@@ -50,8 +51,17 @@ class SafetensorsFolder:
 
     def shape(self, name):
         """The stored shape of tensor ``name``."""
-        path = os.path.join(self.folder, self.weight_map[name])
-        return tuple(self._open(path)[0][1][name]["shape"])
+        return tuple(self._meta(name)["shape"])
+
+    def dtype_name(self, name):
+        """The dtype name of tensor ``name`` as stored (from the header: nothing is read)."""
+        code = self._meta(name)["dtype"]
+        return _DTYPE_NAMES.get(code, code)
+
+    def _meta(self, name):
+        if name not in self.weight_map:
+            raise CheckpointError(f"checkpoint: expected tensor {name}, found none in {self.folder}")
+        return self._open(os.path.join(self.folder, self.weight_map[name]))[0][1][name]
 
     def _open(self, path):
         """((data offset, header), names) of one shard, opened once; safe_open checks that the header covers
@@ -94,7 +104,7 @@ class SafetensorsFolder:
 
 def _read_tensor(path, base, name, meta, part=None):
     if meta["dtype"] not in _NP:
-        raise CheckpointError(f"{name}: expected dtype F32, F16, BF16 or I8, got {meta['dtype']}")
+        raise CheckpointError(f"{name}: expected dtype F32, F16, BF16, I8 or F8_E4M3, got {meta['dtype']}")
     start, end = meta["data_offsets"]
     dtype = np.dtype(_NP[meta["dtype"]]).newbyteorder("<")
     if end == start:
@@ -105,6 +115,8 @@ def _read_tensor(path, base, name, meta, part=None):
         del mapped
     if meta["dtype"] == "BF16":
         data = from_bf16_bits(data)
+    elif meta["dtype"] == "F8_E4M3":
+        data = decode_e4m3(data)
     return data.astype(data.dtype.newbyteorder("="), copy=False), _DTYPE_NAMES[meta["dtype"]]
 
 
@@ -130,29 +142,44 @@ def from_bf16_bits(bits):
     return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
 
 
-def dump_safetensors(path, tensors, dtype, metadata=None, float32=()):
-    """Write ``{name: array}`` to ``path`` as a safetensors file in ``dtype`` (a name), those named in
-    ``float32`` in float32 and int8 arrays as int8 (a plain write: :func:`write_safetensors` is the
-    whole-or-nothing one)."""
-    codes = {v: k for k, v in _DTYPE_NAMES.items()}
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        a = np.asarray(tensors[name])
-        kind = "int8" if a.dtype == np.int8 else "float32" if name in float32 else dtype
-        code = codes[kind]
-        raw = to_bf16_bits(a) if kind == "bfloat16" else np.ascontiguousarray(a, _NP[code])
-        data = raw.astype(raw.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
+_CODES = {v: k for k, v in _DTYPE_NAMES.items()}
+
+
+def encode(a, dtype):
+    """The little-endian bytes of ``a`` stored as ``dtype`` (a name: float32, float16, bfloat16, int8)."""
+    raw = to_bf16_bits(a) if dtype == "bfloat16" else np.ascontiguousarray(a, _NP[_CODES[dtype]])
+    return raw.astype(raw.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def layout_safetensors(entries, metadata=None):
+    """(header bytes, ``{name: data offset in the file}``) of a safetensors file holding ``entries``
+    (``{name: (shape, dtype name)}``), tensors in name order."""
+    header, offsets, offset = {}, {}, 0
+    for name in sorted(entries):
+        shape, dtype = entries[name]
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(_NP[_CODES[dtype]]).itemsize
+        header[name] = {"dtype": _CODES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offsets[name] = offset
+        offset += size
     if metadata:
         header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
+    head = struct.pack("<Q", len(head)) + head
+    return head, {name: len(head) + o for name, o in offsets.items()}
+
+
+def dump_safetensors(path, tensors, dtype, metadata=None, float32=()):
+    """Write ``{name: array}`` to ``path`` as a safetensors file in ``dtype`` (a name), those named in
+    ``float32`` in float32 and int8 arrays as int8 (a plain write: :func:`write_safetensors` is the
+    whole-or-nothing one)."""
+    kinds = {name: "int8" if np.asarray(a).dtype == np.int8 else "float32" if name in float32 else dtype
+             for name, a in tensors.items()}
+    head, _ = layout_safetensors({name: (np.shape(a), kinds[name]) for name, a in tensors.items()}, metadata)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(head)) + head)
-        for data in blobs:
-            f.write(data)
+        f.write(head)
+        for name in sorted(tensors):
+            f.write(encode(tensors[name], kinds[name]))
 
 
 def write_safetensors(path, tensors, dtype, metadata=None, float32=(), force=True):

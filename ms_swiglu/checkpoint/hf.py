@@ -8,12 +8,14 @@ I_s = the shared expert's, p = tp_size; rank r reads only its blocks):
     moe:    router [E, H]  (bias [E])  gate_up [E, 2I/p, H]  down [E, H, I/p]
             (shared_gate_up [2I_s/p, H]  shared_down [H, I_s/p]  (shared_gate [1, H]))
 """
+import dataclasses
 import json
 import os
 
 import numpy as np
 
 from ms_swiglu import paths
+from ms_swiglu.checkpoint import fp8
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
 from ms_swiglu.families import FAMILIES, ModelConfig, MoEConfig, parse_config  # noqa: F401 -- public names
 from ms_swiglu.layout import WHOLE, ParallelLayout
@@ -41,26 +43,38 @@ def read_config_json(folder):
         raise CheckpointError(f"checkpoint: expected {path}, found none") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: expected JSON, got a parse error ({exc})") from None
-    return parse_config(raw, path), raw
+    return dataclasses.replace(parse_config(raw, path), encoding=fp8.encoding(raw, path)), raw
 
 
-def read_float(shards, name, shape, part=None):
-    """A tensor of a HuggingFace checkpoint folder (``shards``: its SafetensorsFolder) and its dtype name: float
-    (F32, F16, BF16) only. Int8 tensors there are another tool's quantization, whose scales this package does not
-    read; ``convert --quantize int8`` quantizes the float checkpoint."""
+def read_float(shards, name, shape, part=None, encoding=None):
+    """A tensor of a HuggingFace checkpoint folder (``shards``: its SafetensorsFolder), the block ``part`` of it,
+    as float32 values, and its stored dtype name: F32, F16, BF16, or F8_E4M3 with its block scales (``encoding``:
+    the config's :class:`~ms_swiglu.checkpoint.fp8.BlockFP8`; only the scales of the blocks ``part`` touches are
+    read). Int8 tensors there are another tool's quantization, whose scales this package does not read."""
     a, dtype = shards.read(name, shape, part)
     if dtype == "int8":
-        raise CheckpointError(f"{name}: expected float weights (F32, F16 or BF16) in a HuggingFace checkpoint, got "
-                              f"I8 (a pre-quantized checkpoint; convert --quantize int8 quantizes the float one)")
+        raise CheckpointError(f"{name}: expected float weights (F32, F16, BF16 or F8_E4M3) in a HuggingFace "
+                              f"checkpoint, got I8 (a pre-quantized checkpoint; convert --quantize int8 quantizes "
+                              f"the float one)")
+    if dtype == fp8.FP8:
+        if encoding is None:
+            raise CheckpointError(f"{name}: expected float weights, or F8_E4M3 ones with quantization_config "
+                                  f"quant_method fp8 in config.json, got F8_E4M3 without it")
+        scale_name = name + fp8.SCALE_SUFFIX
+        if scale_name not in shards.weight_map:
+            raise CheckpointError(f"{name}: expected its block scales {scale_name} beside the F8_E4M3 weight, found "
+                                  f"none")
+        scale, _ = shards.read(scale_name, encoding.scale_shape(shape), encoding.scale_part(shape, part))
+        a = encoding.dequantize(a, scale.astype(np.float32), shape, part, name)
     return a, dtype
 
 
-def _read_mlp(shards, gate_up, down, layout, e=None):
+def read_mlp(shards, gate_up, down, layout, encoding, e=None):
     """(gate_up, down, dtype name) of one SwiGLU MLP (expert ``e`` of stacked ones): the rank's part of each."""
     names = [name.format(e=e) for name in gate_up.hf + down.hf]
-    (gate, dtype), (up, up_dtype) = (read_float(shards, n, gate_up.hf_shape, layout.hf_part(gate_up))
+    (gate, dtype), (up, up_dtype) = (read_float(shards, n, gate_up.hf_shape, layout.hf_part(gate_up), encoding)
                                      for n in names[:2])
-    w_down, down_dtype = read_float(shards, names[2], down.hf_shape, layout.hf_part(down))
+    w_down, down_dtype = read_float(shards, names[2], down.hf_shape, layout.hf_part(down), encoding)
     if not dtype == up_dtype == down_dtype:
         prefix = os.path.commonprefix(names)
         prefix = prefix[:prefix.rfind(".") + 1] if e is None else prefix[:prefix.find("experts.")]
@@ -69,11 +83,11 @@ def _read_mlp(shards, gate_up, down, layout, e=None):
     return pack_gate_up(gate, up), w_down, dtype
 
 
-def _read_experts(shards, gate_up, down, layout, layer):
+def _read_experts(shards, gate_up, down, layout, encoding, layer):
     """The rank's experts stacked ([E, 2I/p, H], [E, H, I/p]) in the experts' own dtype (not the router's)."""
     mine = layout.experts(gate_up.experts)
     for i, e in enumerate(mine):
-        g, d, stored = _read_mlp(shards, gate_up, down, layout, e)
+        g, d, stored = read_mlp(shards, gate_up, down, layout, encoding, e)
         if i == 0:
             dtype = stored
             w_gate_up, w_down = np.empty((len(mine), *g.shape), g.dtype), np.empty((len(mine), *d.shape), d.dtype)
@@ -86,19 +100,20 @@ def _read_experts(shards, gate_up, down, layout, layer):
 
 def read_layer(shards, config, layer, layout=WHOLE):
     """(``{kind: array}`` of one layer, the rank's part of each tensor read as such, packed and stacked; the dtype
-    name of its MLP or routed experts). ``shards``: the checkpoint's :class:`SafetensorsFolder`."""
+    its MLP or routed experts compute in: their stored dtype, or for FP8 weights the config's dtype (bfloat16 where
+    it names none)). ``shards``: the checkpoint's :class:`SafetensorsFolder`."""
     config.check_layer(layer)
     specs, out, dtype = layer_tensors(config, layer), {}, None
     for i, spec in enumerate(specs):
         if spec.split is Split.REPLICATED:
-            out[spec.kind] = read_float(shards, spec.hf[0], spec.hf_shape)[0]
+            out[spec.kind] = read_float(shards, spec.hf[0], spec.hf_shape, encoding=config.encoding)[0]
         elif spec.split is Split.ROWS:  # an MLP: its gate_up spec, then its down spec
             down = specs[i + 1]
-            read = _read_experts(shards, spec, down, layout, layer) if spec.experts else _read_mlp(
-                shards, spec, down, layout)
+            read = _read_experts(shards, spec, down, layout, config.encoding, layer) if spec.experts else read_mlp(
+                shards, spec, down, layout, config.encoding)
             out[spec.kind], out[down.kind], stored = read
             dtype = dtype or stored
-    return out, dtype
+    return out, (config.dtype or "bfloat16") if dtype == fp8.FP8 else dtype
 
 
 def load_dense_layer(folder, layer, config=None, tp_size=1, rank=0):

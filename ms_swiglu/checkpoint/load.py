@@ -10,6 +10,7 @@ from ms_swiglu.checkpoint.files import CheckpointError
 from ms_swiglu.checkpoint.hf import read_float
 from ms_swiglu.checkpoint.source import open_checkpoint
 from ms_swiglu.ffn import FFNBlock
+from ms_swiglu.initial import empty_weights
 from ms_swiglu.layout import ParallelLayout
 from ms_swiglu.mlp import PackedSwiGLUMLP, load_weights, param_dtype
 from ms_swiglu.moe import PackedMoE
@@ -45,8 +46,9 @@ def load_mlp(checkpoint, layer, *, dtype=None, backend="auto", tp_size=1, rank=0
     """The :class:`~ms_swiglu.mlp.PackedSwiGLUMLP` of one dense layer."""
     ckpt, config = _open(checkpoint, layer, moe=False)
     weights, ckpt_dtype, method = ckpt.layer(layer, ParallelLayout(tp_size, rank), quant)
-    mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype or ckpt_dtype, backend=backend,
-                          tp_size=tp_size, quant=method)
+    with empty_weights():
+        mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype or ckpt_dtype,
+                              backend=backend, tp_size=tp_size, quant=method)
     return load_weights(mlp, layer_state(config, layer, weights))
 
 
@@ -55,8 +57,9 @@ def load_moe(checkpoint, layer, *, dtype=None, backend="auto", tp_size=1, rank=0
     ckpt, config = _open(checkpoint, layer, moe=True)
     weights, ckpt_dtype, method = ckpt.layer(layer, ParallelLayout(tp_size, rank), quant)
     m = config.moe
-    moe = PackedMoE(config.hidden_size, m.intermediate_size, m.num_experts, m.top_k, dtype=dtype or ckpt_dtype,
-                    backend=backend, tp_size=tp_size, quant=method, **m.block_kwargs())
+    with empty_weights():
+        moe = PackedMoE(config.hidden_size, m.intermediate_size, m.num_experts, m.top_k, dtype=dtype or ckpt_dtype,
+                        backend=backend, tp_size=tp_size, quant=method, **m.block_kwargs())
     return load_weights(moe, layer_state(config, layer, weights, moe.experts.store))
 
 

@@ -17,7 +17,8 @@ def register(family):
     return family
 
 
-for _family in (dense.FAMILY, mixtral.FAMILY, qwen_moe.QWEN2_MOE, qwen_moe.QWEN3_MOE, deepseek_v3.FAMILY):
+for _family in (dense.LLAMA, dense.MISTRAL, dense.QWEN2, dense.QWEN3, mixtral.FAMILY, qwen_moe.QWEN2_MOE,
+                qwen_moe.QWEN3_MOE, deepseek_v3.FAMILY):
     register(_family)
 
 

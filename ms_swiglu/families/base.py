@@ -5,6 +5,7 @@ A family is a :class:`Family` (one module per family, as in transformers); :mod:
 them by ``model_type``. :class:`ModelConfig` is what the package reads of a checkpoint's ``config.json``.
 """
 import dataclasses
+import json
 
 import numpy as np
 
@@ -45,50 +46,70 @@ class MoEConfig:
                 if f.name not in ("num_experts", "top_k", "intermediate_size")}
 
 
-class Fields:
-    """config.json's fields, each checked as it is read; ``spellings`` maps a field to every other name
-    transformers writes it under (a family's :attr:`Family.spellings`)."""
+_DEFAULT = object()
 
-    def __init__(self, path, raw, spellings=None):
-        self.path, self.raw, self.spellings = path, raw, spellings or {}
+
+class Fields:
+    """config.json's fields, each checked as it is read, under every name transformers reads it by
+    (``spellings``: field -> its other names) and with transformers' default where it is absent (``defaults``);
+    a field given under two names with two values is refused."""
+
+    def __init__(self, path, raw, spellings=None, defaults=None):
+        self.path, self.raw, self.spellings, self.defaults = path, raw, spellings or {}, defaults or {}
 
     def _get(self, name, default, ok, what):
         given = {n: self.raw[n] for n in (name, *self.spellings.get(name, ())) if n in self.raw}
-        if len({repr(v) for v in given.values()}) > 1:
+        if len({json.dumps(v, sort_keys=True) for v in given.values()}) > 1:
             raise CheckpointError(f"{self.path}: expected one value for {name} (also written "
-                              f"{', '.join(self.spellings[name])}), got {given}")
+                                  f"{', '.join(self.spellings[name])}), got {given}")
+        if default is _DEFAULT:
+            default = self.defaults.get(name)
         value = next(iter(given.values()), default)
         if not ok(value):
             raise CheckpointError(f"{self.path}: expected {name} {what}, got {value!r}")
         return value
 
-    def int(self, name, default=None, minimum=1):
+    def int(self, name, default=_DEFAULT, minimum=1):
         return self._get(name, default, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum,
                          "a positive integer" if minimum == 1 else f"an integer >= {minimum}")
 
-    def float(self, name, default=None):
+    def float(self, name, default=_DEFAULT):
         return float(self._get(name, default, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
                                and v > 0 and np.isfinite(v), "a positive number"))
 
-    def bool(self, name, default):
+    def bool(self, name, default=_DEFAULT):
         return self._get(name, default, lambda v: isinstance(v, bool), "true or false")
 
     def ints(self, name):
         return self._get(name, [], lambda v: v is None or (isinstance(v, list) and all(
             isinstance(i, int) and not isinstance(i, bool) for i in v)), "a list of layer indices") or []
 
-    def str(self, name, allowed):
-        return self._get(name, allowed[0], lambda v: v in allowed, f"one of {', '.join(map(repr, allowed))}")
+    def str(self, name, allowed, default=_DEFAULT):
+        return self._get(name, default, lambda v: v in allowed, f"one of {', '.join(map(repr, allowed))}")
+
+    def dtype(self):
+        """The checkpoint's dtype name (``dtype``, or transformers 4's ``torch_dtype``), None where it has none."""
+        return self._get("dtype", None, lambda v: v is None or v in DTYPES, f"one of {', '.join(DTYPES)}")
+
+
+DTYPES = ("float32", "float16", "bfloat16")
+# every family: transformers 4.56+ writes dtype, earlier ones torch_dtype; both read either
+SPELLINGS = {"dtype": ("torch_dtype",)}
+# the defaults of transformers' PretrainedConfig subclasses shared by every family (tools/config_fields.py)
+DEFAULTS = {"hidden_size": 4096, "num_hidden_layers": 32, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
 
 
 class Family:
     """A dense family (llama and its kin): every layer a SwiGLU MLP under ``mlp.``. MoE families override
-    :meth:`moe`; their keys say where the experts are."""
+    :meth:`moe`; their keys say where the experts are. ``spellings``: field -> the other names transformers 4 and
+    5 read it by (their ``attribute_map``); ``defaults``: the config class's defaults, as transformers applies
+    them to an absent field (4.57 and 5.x agree on every field read here)."""
 
     model_types = ()
     has_moe = False
     keys = Keys()
-    spellings = {}  # field -> the other names transformers writes it under
+    spellings = SPELLINGS
+    defaults = DEFAULTS
 
     def __repr__(self):
         return f"<family {'/'.join(self.model_types)}>"
@@ -100,12 +121,12 @@ class Family:
 
     def parse(self, raw, path, model_type):
         """The :class:`ModelConfig` of config.json's contents ``raw``."""
-        c = Fields(path, raw, self.spellings)
-        c.str("hidden_act", ["silu", "swish"])  # the SwiGLU MLP's (transformers' default); gelu is another MLP
+        c = Fields(path, raw, self.spellings, self.defaults)
+        c.str("hidden_act", ["silu", "swish"])  # the SwiGLU MLP's; gelu is another MLP
         values = {name: c.int(name) for name in ("hidden_size", "intermediate_size", "num_hidden_layers")}
         moe, sparse = self.moe(c, range(values["num_hidden_layers"]))
-        return ModelConfig(model_type=model_type, rms_norm_eps=c.float("rms_norm_eps", 1e-6), moe=moe,
-                           sparse_layers=sparse, family=self, **values)
+        return ModelConfig(model_type=model_type, rms_norm_eps=c.float("rms_norm_eps"), moe=moe,
+                           sparse_layers=sparse, family=self, dtype=c.dtype(), **values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +141,8 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     moe: MoEConfig = None
     sparse_layers: frozenset = frozenset()
+    dtype: str = None  # config.json's dtype (or torch_dtype), None where it names none
+    encoding: object = None  # how a HF checkpoint stores its weights (ms_swiglu.checkpoint.fp8), None: as floats
     family: Family = dataclasses.field(default=Family(), compare=False, repr=False)
 
     @property

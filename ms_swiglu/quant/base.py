@@ -7,9 +7,9 @@ encoding decoded on read, such as FP8 with block scales) is the checkpoint reade
 
 Shape legend: M = output rows (any leading dims, e.g. experts), K = inputs of a row.
 """
-import math
-
 import numpy as np
+
+from ms_swiglu import initial
 
 
 from ms_swiglu.schema import SCALE
@@ -21,6 +21,7 @@ class QuantMethod:
     name = "none"
     summary = "weights in the compute dtype"  # one line for manifests and documents
     quantized = False  # whether weights are stored in another dtype with scales beside them
+    stored = None  # the dtype name of the stored weights; None: the compute dtype
     group = None  # inputs per scale; None: one scale per output row
 
     def __repr__(self):
@@ -55,10 +56,6 @@ class QuantMethod:
         """Set ``cell.{name}`` (and ``cell.{name}_scale``, None without scales) to this format's Parameters for
         weights ``shape`` ([..., M, K]) computing in ``dtype``; ``stored``: the weight's shape as the Cell holds it,
         where its backend stores it otherwise (the scales follow ``shape``)."""
-        from mindspore import Parameter  # noqa: PLC0415
-        from mindspore.common.initializer import HeUniform, initializer  # noqa: PLC0415
-
-        stored = list(stored or shape)
-        setattr(cell, name, Parameter(initializer(HeUniform(math.sqrt(5)), stored, dtype), name=name))
+        setattr(cell, name, initial.parameter(stored or shape, dtype, name))
         setattr(cell, name + SCALE, None)
 

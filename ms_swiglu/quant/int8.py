@@ -6,6 +6,7 @@ Shapes:
 """
 import numpy as np
 
+from ms_swiglu import initial
 from ms_swiglu.errors import InputError, InputTypeError
 from ms_swiglu.quant.base import QuantMethod
 from ms_swiglu.schema import SCALE
@@ -22,6 +23,7 @@ class Int8(QuantMethod):
     """
 
     quantized = True
+    stored = "int8"
 
     def __init__(self, name, group=None):
         self.name, self.group = name, group
@@ -59,12 +61,13 @@ class Int8(QuantMethod):
         return scale[..., columns.start // per:columns.stop // per]
 
     def create_weights(self, cell, name, shape, dtype, stored=None):  # noqa: ARG002 -- int8 in every dtype
-        from mindspore import Parameter, Tensor  # noqa: PLC0415
+        from mindspore.common import dtype as mstype  # noqa: PLC0415
 
-        setattr(cell, name, Parameter(Tensor(np.zeros(stored or shape, np.int8)), name=name, requires_grad=False))
-        scale = self.scale_shape(shape[:-1], shape[-1])
-        setattr(cell, name + SCALE, Parameter(Tensor(np.ones(scale, np.float32)), name=name + SCALE,
-                                                 requires_grad=False))
+        stored, scale = stored or shape, self.scale_shape(shape[:-1], shape[-1])
+        setattr(cell, name, initial.parameter(stored, mstype.int8, name, fill=lambda: np.zeros(stored, np.int8),
+                                              requires_grad=False))
+        setattr(cell, name + SCALE, initial.parameter(scale, mstype.float32, name + SCALE, requires_grad=False,
+                                                      fill=lambda: np.ones(scale, np.float32)))
 
 
 INT8 = Int8("int8")

@@ -188,5 +188,5 @@ def linear(x, w, out, dtype, swiglu=False):
         raise ValueError(f"linear: expected x [..., K], w [M, K] and out of one dtype; {exc}") from None
 
 
-if __name__ == "__main__":  # python -m ms_swiglu.backends.cpu.kernels: what this machine's library runs
+if __name__ == "__main__":  # python -m ms_swiglu.backends.cpu.kernels: the installed library, its ISA and tuning
     print(f"library {library_path()}\nisa {isa()}\n{onednn()}\ntuning {json.dumps(tuning(), indent=1)}")

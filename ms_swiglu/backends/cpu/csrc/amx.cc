@@ -13,16 +13,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "tuning.h"
+
 namespace msw::amx {
 
 namespace {
 
 constexpr int64_t kTok = 16, kK = 32;  // tokens per B tile, k per tile step
-// k steps per packed panel: 32 weight rows x 12 steps = 24 KiB, which stays in the 48 KiB L1 while every group
-// pair of tokens passes over it
-constexpr int64_t kPanelSteps = 12;
-// Weight rows per block: the panels that share one chunk of the tokens' B tiles while it is in L2.
-constexpr int64_t kBlockRows = 256;
+constexpr int64_t kPanelSteps = kTuning.amx_panel_steps;  // k steps per packed panel of 32 weight rows
+constexpr int64_t kBlockRows = kTuning.amx_block_rows;    // rows whose panels share one chunk of the B tiles
 
 bool request_tiles() {  // (every CPU with AMX-BF16 has AVX512-FP16, which the int8 widening uses)
   if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("avx512fp16")) return false;
@@ -159,8 +158,8 @@ void panel_groups(const uint16_t *a, int64_t steps, const uint16_t *xv, int64_t 
 inline void pack_row(const uint16_t *w, int64_t steps, uint16_t *a) {
   for (int64_t s = 0; s < steps; ++s) std::memcpy(a + s * 1024, w + s * kK, 64);
 }
-// The int8 rows' next chunk is prefetched into L1 as this one is packed (a burst of L2 prefetches for the next
-// block of rows instead ran 1.3-1.9x slower at 16 tokens: it holds the fill buffers the packing waits for).
+// The int8 rows' next chunk is prefetched into L1 as this one is packed (not a burst of L2 prefetches for the next
+// block of rows, which would hold the fill buffers the packing waits for).
 inline void pack_row(const int8_t *w, int64_t steps, uint16_t *a) {
   for (int64_t s = 0; s < steps; s += 2)
     _mm_prefetch(reinterpret_cast<const char *>(w + (kPanelSteps + s) * kK), _MM_HINT_T0);
@@ -176,10 +175,7 @@ inline void pack_row(const int8_t *w, int64_t steps, uint16_t *a) {
 // One group of tokens against 16 * RB int8 weight rows over all of k: the C tiles stay in place from the first
 // chunk of k to the last, and the rows' next chunk is widened into the other half of the panel buffer while the
 // tiles multiply this one (the packing, not the tiles, bounds this case; issued between the tile ops it overlaps
-// them). c[t * ldc + j] for t < nt. Tried instead (Intel Xeon VM, 3 cold llama-7b layers, direct calls paired
-// against this, one run each): the int8 rows on AMX-INT8 tiles in place, against x split into four int8 digits
-// per token (TDPBSSD, exact int32 sums). Two versions ran 1.16-1.53x as fast at 5 and 8 tokens, 0.65-0.77x at 16:
-// four tile products per 1 KB of weights there, and this VM ran 0.1-0.15 G tile products/s per core.
+// them). c[t * ldc + j] for t < nt.
 template <int RB>
 void one_group_q8(const uint16_t *xv, int64_t nt, int64_t k, const int8_t *w, float *c, int64_t ldc,
                   const float *xsum) {

@@ -1,4 +1,5 @@
-// Shared by the kernels of the cpu backend: 16-bit float types, dtypes by name, and the per-ISA kernel tables.
+// Shared by the kernels of the cpu backend: 16-bit float types, dtypes by name, and the per-ISA kernel tables
+// (one row of kernels per weight format).
 #pragma once
 
 #include <cstdint>
@@ -84,26 +85,7 @@ void for_tiles(int64_t rows, int64_t inter, const Body &body) {
   }, rows * inter >= kSerial ? 1 : tiles + 1);
 }
 
-// Weight rows the skinny kernel reads at once (one register tile, one read stream each): more streams per thread
-// for decode, where the weight read is the whole cost, as many as the ISA's vector registers hold.
-struct SkinnyTiles {
-  int rows_16bit_1;  // float16/bfloat16 weights, 1 token
-  int rows_int8_1;   // int8 weights, 1 token
-  int rows_1_2;      // 1-2 tokens
-  int rows;          // otherwise
-  int rows_int8;     // otherwise, int8 weights with float32 x (widened in registers)
-};
-// 32 vector registers (AVX-512): 16-bit at one token read +10% over 8 rows with 12 (float16); int8 with the L2
-// prefetch against 12 rows: 1.03-1.23x in 6 of 8 runs; 8 streams per thread are the read probe's best.
-constexpr SkinnyTiles kSkinnyTiles32 = {12, 8, 8, 4, 4};
-// 16 (AVX2, where those tiles spill): 3 cold llama-7b layers, bfloat16 x, direct calls interleaved, paired, AMD
-// EPYC Zen 3: one token 1.13-1.21x faster with 6 bfloat16 rows than 12, 1.12-1.17x with 4 int8 rows than 8 (6:
-// level with 4); two tokens 1.03-1.08x with 4 rows than 8. From 3 tokens int8 rows in tiles of 2 rows x 6 tokens
-// (12 accumulators; 4 x 6 spill), against 4 rows: 1.11x / 0.98x / 1.26x / 1.13x at 3 / 4 / 6 / 8 tokens, int8
-// then 0.99x / 1.10x / 1.09x / 1.12x of bfloat16 weights (whose 4-row tiles ran 0.89x / 0.94x with 2 at 6 / 8).
-constexpr SkinnyTiles kSkinnyTiles16 = {6, 4, 4, 4, 2};
-
-// One token x [k] in int16 parts for an integer dot product with int8 weights (IsaKernels::split_x): on
+// One token x [k] in int16 parts for an integer dot product with int8 weights (WeightTraits::split_x): on
 // AVX512-VNNI exactly, x[j] = (parts[j] * 2^15 + parts[k + j]) * unit plus res_val[i] at element res_idx[i]; on
 // AVX2 rounded, x[j] ~ parts[j] * scale[j / 32] (a power of two per block of 32 elements; parts padded to whole
 // blocks; isa_linear.inc bounds the rounding).
@@ -115,18 +97,43 @@ struct SplitX {
   std::vector<double> res_val;
 };
 
-// The panel kernel of an ISA (isa_linear.inc): x transposed by pack_x into [k][np] (returns np, n padded), then
-// y[t * ldy + j] = sum_k x[t, k] w[j, k], j < m, for weights of each dtype (rows) and int8 (q8: unscaled sums
-// where scale is nullptr, else times group-wise scales [m, groups]).
-struct PanelKernels {
-  using Gemm = void (*)(const float *xt, int64_t n, int64_t np, int64_t k, const void *w, int64_t m, float *y,
-                        int64_t ldy, const float *scale, int64_t groups);
-  int64_t (*pack_x)(const float *x, int64_t n, int64_t k, std::vector<float> &xt);
-  Gemm rows[kDtypes];
-  Gemm q8;
+// The weight formats of the linear kernels: float weights in each dtype (numbered as their Dtype), int8 with a
+// scale per row, int8 with a scale per group of k / groups inputs.
+enum WeightFormat { kWeightsF32 = kF32, kWeightsF16 = kF16, kWeightsBF16 = kBF16, kWeightsInt8, kWeightsInt8Group,
+                    kWeightFormats };
+// The format of weights of dtype d, or int8 with scales [m, groups] (nullptr: not int8)
+inline WeightFormat weight_format(int d, const float *scale, int64_t groups) {
+  return !scale ? WeightFormat(d) : groups > 1 ? kWeightsInt8Group : kWeightsInt8;
+}
+
+// One ISA's linear kernels for one weight format (as ggml's type traits): w [m, k] in that format and
+// y[t * ldy + j] = sum_k x[t, k] w[j, k], j < m, float32 sums. int8 per row: the unscaled sums (the scales are
+// applied to them after); per group: each group's products times its scale (scale [m, groups]; nullptr and 1 for
+// the other formats). nullptr: not on this ISA.
+struct WeightTraits {
+  template <typename X>
+  using Skinny = void (*)(const X *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy,
+                          const float *scale, int64_t groups);
+  // the skinny kernel: each weight row read once for all (few) tokens; int8 per group: k / groups a multiple of
+  // 16, from 2 tokens a power of two
+  Skinny<float> skinny;
+  // the same for bfloat16 x on VDPBF16PS (AVX512-BF16); int8 per group: k / groups a power of two, 32 or more
+  Skinny<bf16> skinny_bf16;
+  // one token of 16-bit x on an integer dot product (int8 per row): x split for it (false: `skinny` takes it),
+  // then y [m]; `dot` names the instruction ("vpdpwssd" on AVX512-VNNI, exact; "vpmaddwd" on AVX2, x rounded)
+  bool (*split_x)(const float *x, int64_t k, SplitX &out);
+  void (*skinny_parts)(const SplitX &x, int64_t k, const void *w, int64_t m, float *y);
+  const char *dot;
+  // the panel kernel, on x transposed by IsaKernels::panel_x ([k][np], np: n padded)
+  void (*panel)(const float *xt, int64_t n, int64_t np, int64_t k, const void *w, int64_t m, float *y, int64_t ldy,
+                const float *scale, int64_t groups);
+  // [rows, k] of these weights in dtype d (for oneDNN), exactly; int8 per group times its scales, rounded once
+  void (*widen[kDtypes])(const void *src, void *dst, int64_t rows, int64_t k, const float *scale, int64_t groups);
 };
 
-// What one ISA's build of isa_*.inc provides.
+struct SkinnyTiles;
+
+// What one ISA's build of isa_*.inc provides: elementwise kernels by dtype, linear kernels by weight format.
 struct IsaKernels {
   const char *name;
   void (*swiglu_fwd[kDtypes])(const void *x, void *y, int64_t rows, int64_t inter);
@@ -134,33 +141,13 @@ struct IsaKernels {
   void (*to_float[kDtypes])(const void *src, float *dst, int64_t n);
   void (*from_float[kDtypes])(const float *src, void *dst, int64_t n);
   void (*swiglu_from_float[kDtypes])(const float *gate, const float *up, void *dst, int64_t n);
-  // y[t * ldy + j] = sum_k x[t, k] w[j, k], j < m: the weight rows streamed once for all n (few) tokens
-  void (*skinny[kDtypes])(const float *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
   // y = x / sqrt(mean(x^2) + eps) * w over one row of h elements
   void (*rms_norm_row[kDtypes])(const void *x, const void *w, int64_t h, float eps, void *y);
   void (*add[kDtypes])(const void *a, const void *b, void *y, int64_t n);  // y = a + b
-  // int8 weights (weight-only quantization): skinny over w [m, k] int8, unscaled sums; and int8 [rows, k] ->
-  // dtype, exact, or (scale [rows, groups], not nullptr) times each group's scale, rounded once
-  void (*skinny_q8)(const float *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
-  void (*widen_q8[kDtypes])(const int8_t *src, void *dst, int64_t rows, int64_t k, const float *scale,
-                            int64_t groups);
-  // float32 x, int8 w [m, k] with group-wise scales [m, groups] (k / groups a multiple of 16; from 2 tokens a power
-  // of two), each product times its group's scale in float32
-  void (*skinny_q8g)(const float *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy,
-                     const float *scale, int64_t groups);
-  // the skinny kernel for bfloat16 x on AVX512-BF16 (VDPBF16PS), bfloat16 and int8 weights; nullptr on other ISAs
-  void (*skinny_bf16)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
-  void (*skinny_bf16_q8)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy);
-  // the same from 2 tokens with group-wise scales [m, groups] (k / groups a power of two, 32 or more)
-  void (*skinny_bf16_q8g)(const bf16 *x, int64_t n, int64_t k, const void *w, int64_t m, float *y, int64_t ldy,
-                          const float *scale, int64_t groups);
-  // one token of 16-bit x with int8 weights on an integer dot product (int8_dot: "vpdpwssd" on AVX512-VNNI, exact;
-  // "vpmaddwd" on AVX2, x rounded; nullptr: none): x split for it (false: the float kernel takes it), then y [m]
-  const char *int8_dot;
-  bool (*split_x)(const float *x, int64_t k, SplitX &out);
-  void (*skinny_q8_parts)(const SplitX &x, int64_t k, const void *w, int64_t m, float *y);
-  SkinnyTiles tiles;  // the skinny kernel's tile rows on this ISA
-  const PanelKernels *panel;  // nullptr: none on this ISA
+  WeightTraits weights[kWeightFormats];  // by WeightFormat
+  // x [n, k] transposed into xt [k][np] for WeightTraits::panel; returns np. nullptr: no panel kernel.
+  int64_t (*panel_x)(const float *x, int64_t n, int64_t k, std::vector<float> &xt);
+  const SkinnyTiles *tiles;  // the skinny kernel's tile rows on this ISA (kTuning, tuning.h)
 };
 
 const IsaKernels &isa();        // the ISA in use

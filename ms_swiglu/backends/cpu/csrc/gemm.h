@@ -1,5 +1,5 @@
 // The linear kernels: y = x w^T with w [m, k] as stored by Dense / HuggingFace, and the gate/up GEMM with SwiGLU
-// as its epilogue. Each call takes one of three paths, by dtype and token count (the tuning table, gemm.cc).
+// as its epilogue. Each call takes one of the paths below, by dtype and token count (the tuning table, tuning.h).
 #pragma once
 
 #include <cstdint>

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common.h"
+#include "tuning.h"
 
 namespace msw {
 
@@ -23,20 +24,6 @@ int dtype_index(const char *name) {
   return -1;
 }
 
-#define MSW_TABLE(ns, skinny_bf16, skinny_bf16_q8, skinny_bf16_q8g, int8_dot, split_x, skinny_q8_parts, panel)      \
-  IsaKernels {                                                                              \
-    #ns, {ns::fwd<float>, ns::fwd<f16>, ns::fwd<bf16>}, {ns::bwd<float>, ns::bwd<f16>, ns::bwd<bf16>}, \
-        {ns::to_float<float>, ns::to_float<f16>, ns::to_float<bf16>},                       \
-        {ns::from_float<float>, ns::from_float<f16>, ns::from_float<bf16>},                 \
-        {ns::swiglu_from_float<float>, ns::swiglu_from_float<f16>, ns::swiglu_from_float<bf16>}, \
-        {ns::skinny<float>, ns::skinny<f16>, ns::skinny<bf16>},                             \
-        {ns::rms_norm_row<float>, ns::rms_norm_row<f16>, ns::rms_norm_row<bf16>},           \
-        {ns::add<float>, ns::add<f16>, ns::add<bf16>},                                      \
-        ns::skinny<int8_t>, {ns::widen_q8<float>, ns::widen_q8<f16>, ns::widen_q8<bf16>}, ns::skinny_q8g,   \
-        skinny_bf16, skinny_bf16_q8, skinny_bf16_q8g,                                       \
-        int8_dot, split_x, skinny_q8_parts, ns::kTiles, panel                               \
-  }
-
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c,avx512bf16,avx512vnni")
 namespace avx512bf16 {
@@ -46,6 +33,7 @@ namespace avx512bf16 {
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
 #include "isa_norm.inc"
+#include "isa_table.inc"
 #undef MSW_VNNI
 #undef MSW_DPBF16
 #undef MSW_W
@@ -59,6 +47,7 @@ namespace avx512 {
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
 #include "isa_norm.inc"
+#include "isa_table.inc"
 #undef MSW_W
 }  // namespace avx512
 #pragma GCC pop_options
@@ -72,6 +61,7 @@ namespace avx2 {
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
 #include "isa_norm.inc"
+#include "isa_table.inc"
 #undef MSW_PANEL
 #undef MSW_MADD
 #undef MSW_W
@@ -83,17 +73,13 @@ namespace generic {
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
 #include "isa_norm.inc"
+#include "isa_table.inc"
 #undef MSW_W
 }  // namespace generic
 
 namespace {
-const IsaKernels kIsas[] = {  // best first
-    MSW_TABLE(avx512bf16, (avx512bf16::skinny<bf16, bf16>), (avx512bf16::skinny<int8_t, bf16>),
-              avx512bf16::skinny_bf16_q8g, "vpdpwssd", avx512bf16::split_x, avx512bf16::skinny_q8_parts, nullptr),
-    MSW_TABLE(avx512, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
-    MSW_TABLE(avx2, nullptr, nullptr, nullptr, "vpmaddwd", avx2::split_x, avx2::skinny_q8_parts,
-              &avx2::kPanelKernels),
-    MSW_TABLE(generic, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr)};
+constexpr IsaKernels kIsas[] = {  // best first
+    avx512bf16::kernels("avx512bf16"), avx512::kernels("avx512"), avx2::kernels("avx2"), generic::kernels("generic")};
 
 int best_isa() {
   __builtin_cpu_init();

@@ -10,6 +10,7 @@
 #include "common.h"
 #include "gemm.h"
 #include "pool.h"
+#include "tuning.h"
 
 namespace msw {
 namespace {
@@ -39,9 +40,8 @@ bool group(const int32_t *ids, int64_t rows, int64_t experts, Groups *g) {
 }
 
 // Runs body(e) for every expert with rows: in parallel over the experts (each GEMM in one thread, the largest
-// first) when there are enough of them to keep every thread busy, else one after the other, each GEMM using
-// every thread (measured on the Qwen3-30B-A3B expert shape, one GEMM per thread ran T=1 and T=16 2x faster,
-// T=256 and T=1024 within the noise). Returns false when a body does.
+// first) when there are enough of them to keep every thread busy (kTuning.experts_per_thread), else one after the
+// other, each GEMM using every thread. Returns false when a body does.
 template <typename Body>
 bool for_experts(const Groups &g, int64_t experts, const Body &body) {
   std::vector<int64_t> active;
@@ -54,7 +54,7 @@ bool for_experts(const Groups &g, int64_t experts, const Body &body) {
   auto each = [&](int64_t i) {
     if (!body(active[i])) ok = false;
   };
-  if (int64_t(active.size()) >= 2 * threads()) {
+  if (int64_t(active.size()) >= kTuning.experts_per_thread * threads()) {
     parallel_each(active.size(), each);
   } else {
     for (size_t i = 0; i < active.size(); ++i) each(i);

@@ -22,9 +22,8 @@ namespace msw {
 namespace {
 
 // How long a worker spins for the next task before it sleeps: long enough for the back-to-back parallel calls of
-// one kernel and of consecutive kernels, short against a MindSpore op's time between them.
-// (200 and 1000 us: 0.98-1.02x, paired, for 3 llama-7b MLPs in one graph at 1 and 16 tokens, bfloat16 and int8
-// weights, AMD EPYC host: waking the worker is not where their time goes.)
+// one kernel and of consecutive kernels, short against a MindSpore op's time between them (longer spins gained
+// nothing: waking a worker is not where an MLP's time goes).
 constexpr auto kSpin = std::chrono::microseconds(10);
 
 thread_local bool t_in_task = false;

@@ -48,6 +48,8 @@ setup(
         "safetensors>=0.4",
         "decorator",  # AKG (graph-kernel fusion and hybrid kernels on the CPU) imports it
     ],
-    extras_require={"test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5", "ml_dtypes<0.6"], "bench": ["matplotlib>=3.5"]},
+    # ml_dtypes: the tests' independent FP8 reference (0.6 needs NumPy 2)
+    extras_require={"test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5", "ml_dtypes<0.6"],
+                    "bench": ["matplotlib>=3.5"]},
     entry_points={"console_scripts": ["ms-swiglu = ms_swiglu.__main__:main"]},
 )

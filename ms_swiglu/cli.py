@@ -160,8 +160,8 @@ def build_parser():
     run = sub.add_parser("run", help="run the packed MLP of one checkpoint layer in GRAPH_MODE")
     run.add_argument("--checkpoint", required=True,
                      help="HuggingFace checkpoint folder, or FILE.safetensors written by convert")
-    run.add_argument("--quantize", choices=quant_names(), help="weight-only quantization at load (a converted file keeps "
-                                                       "its own)")
+    run.add_argument("--quantize", choices=quant_names(),
+                     help="weight-only quantization at load (a converted file keeps its own)")
     run.add_argument("--layer", type=int, required=True)
     run.add_argument("--input", help="float .npy of shape [..., hidden_size]")
     run.add_argument("--output", help="write the output here as float32 .npy")
@@ -191,8 +191,8 @@ def build_parser():
     exp = sub.add_parser("export", help="write a verified MindIR and an Ascend deployment kit")
     src = exp.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="HuggingFace checkpoint folder, or FILE.safetensors written by convert")
-    exp.add_argument("--quantize", choices=quant_names(), help="weight-only quantization at load (a converted file keeps "
-                                                       "its own)")
+    exp.add_argument("--quantize", choices=quant_names(),
+                     help="weight-only quantization at load (a converted file keeps its own)")
     src.add_argument("--preset", choices=sorted(PRESETS), help="seeded random weights of a known shape")
     exp.add_argument("--layer", type=int, help="the MLP of this layer (with --checkpoint)")
     exp.add_argument("--layers", help="A-B: a stack of FFN blocks (RMSNorm -> MLP -> residual)")

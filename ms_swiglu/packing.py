@@ -8,7 +8,7 @@ Shapes (p = tp_size):
 """
 import numpy as np
 
-from ms_swiglu.errors import InputError, InputTypeError
+from ms_swiglu.errors import InputError
 
 GATE, UP, DOWN, GATE_UP = "gate_proj.weight", "up_proj.weight", "down_proj.weight", "gate_up_proj.weight"
 

@@ -82,7 +82,8 @@ def _save(path, array):
 
 def run_layer(checkpoint, layer, x, *, dtype=None, backend="auto", repeat=3, tp_size=1, output=None,
               force=False, quant=None):
-    """Build the layer's FFN of ``checkpoint`` (an open checkpoint, ``ms_swiglu.checkpoint.open_checkpoint``; this rank's part of it, having joined the launched group when tp_size > 1), run
+    """Build the layer's FFN of ``checkpoint`` (a path or an open checkpoint, ``ms_swiglu.checkpoint.open_checkpoint``;
+    this rank's part of it, having joined the launched group when tp_size > 1), run
     it on ``x`` [..., H], print the result line and, on rank 0, write the output as float32 ``.npy``. A backend
     without dynamic shapes (akg) is compiled for the shape of ``x``."""
     import mindspore as ms  # noqa: PLC0415 -- after the input checks: importing MindSpore takes seconds

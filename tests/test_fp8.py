@@ -54,7 +54,8 @@ def test_every_weight_is_its_block_dequantization_on_every_rank(fp8):
     dense, dtype = load_dense_layer(folder, 0)
     p = "model.layers.0.mlp."
     assert dtype == "bfloat16"  # the config's: FP8 weights compute in it
-    np.testing.assert_array_equal(dense["gate_up"], np.concatenate([v[p + "gate_proj.weight"], v[p + "up_proj.weight"]]))
+    np.testing.assert_array_equal(dense["gate_up"],
+                                  np.concatenate([v[p + "gate_proj.weight"], v[p + "up_proj.weight"]]))
     whole, _ = load_moe_layer(folder, 1)
     gate_up = np.stack([np.concatenate([v[f"{P}experts.{e}.gate_proj.weight"], v[f"{P}experts.{e}.up_proj.weight"]])
                         for e in range(E)])
@@ -89,6 +90,11 @@ def test_convert_writes_float_or_requantizes_from_float32(fp8, tmp_path):
         np.testing.assert_array_equal(tensors[P + "experts.down_proj.weight"],
                                       shard_down(np.stack([v[f"{P}experts.{e}.down_proj.weight"] for e in range(E)]),
                                                  2, rank))
+    ms.set_context(mode=ms.GRAPH_MODE)  # convert, then run the converted layer
+    convert(folder, str(tmp_path / "w.safetensors"), dtype="float32", layers=range(1, 2))
+    x, _ = to_tensor(np.random.default_rng(3).standard_normal((5, H)), "float32")
+    assert_close(load_moe(str(tmp_path / "w.safetensors"), 1, backend="cpu")(x),
+                 to_f64(load_moe(ref, 1, backend="cpu", dtype="float32")(x)), "float32", "converted fp8 block")
     q, _ = read_safetensors(str(tmp_path / "q.safetensors"))
     w = np.concatenate([v[P + "shared_experts.gate_proj.weight"], v[P + "shared_experts.up_proj.weight"]])
     q_ref, s_ref = quantize_int8(w)  # from the float32 values, not through bfloat16

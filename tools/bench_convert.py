@@ -112,8 +112,8 @@ def main(argv=None):
                       f"{expert_f32 / 2**20:.1f} MiB", flush=True)
                 os.remove(out)
     if args.json:
-        write_json(args.json, {"tool": "bench_convert", "date": started, "args": {k: v for k, v in vars(args).items() if k != "json"},
-                               "results": results})
+        options = {k: v for k, v in vars(args).items() if k != "json"}
+        write_json(args.json, {"tool": "bench_convert", "date": started, "args": options, "results": results})
     return 0
 
 

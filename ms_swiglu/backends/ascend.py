@@ -94,7 +94,8 @@ class GroupedExperts(ExpertsOp):
         super().__init__()
         _check_quant(dtype, quant)
         if quant.group:
-            raise InputError(f"backend ascend, MoE experts: expected quant int8 (per-channel scales), got {quant.name}; "
+            raise InputError(f"backend ascend, MoE experts: expected quant int8 (per-channel scales), got "
+                             f"{quant.name}; "
                              f"GroupedMatmulV4 documents per-group antiquant for int4 weights only")
         self.init_routing, self.gmm, self.unpermute = MoeInitRoutingV2(), GroupedMatmulV4(), MoeTokenUnpermute()
 

@@ -13,7 +13,7 @@ from safetensors import SafetensorError, safe_open
 
 from ms_swiglu import paths
 from ms_swiglu.checkpoint.fp8 import FP8, decode_e4m3
-from ms_swiglu.errors import CheckpointError, InputError
+from ms_swiglu.errors import CheckpointError
 from ms_swiglu.outputs import OutputSet
 
 _NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I8": np.int8, "F8_E4M3": np.uint8}

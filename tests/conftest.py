@@ -1,12 +1,22 @@
 """Shared test set-up: the CPU device, both execution modes, the float64 reference and the tolerances."""
 import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
+import types
 
 import mindspore as ms
 import numpy as np
 import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
 from mindspore import nn
+
+from hf_checkpoint import make_checkpoint
 
 ms.set_device("CPU")
 
@@ -136,3 +146,219 @@ class LossCell(nn.Cell):
 
     def construct(self, x, dy):
         return (self.net(x).astype(ms.float32) * dy.astype(ms.float32)).sum()
+
+
+# ---- the ms-swiglu command: many commands in one process, and runs that several test files share ----------------
+
+EXE = os.path.join(os.path.dirname(sys.executable), "ms-swiglu")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclasses.dataclass
+class Ran:
+    """One command run by :func:`cli_batch`: the fields of subprocess.CompletedProcess the tests read, and the
+    watched folders' entries ({name: kind}, f file, d folder, p FIFO, c character device, l symlink; None: no
+    folder) right after it."""
+    args: list
+    returncode: int
+    stdout: str
+    stderr: str
+    watched: dict
+
+
+def cli_batch(cases, *, env=None, timeout=600):
+    """Runs ``ms-swiglu`` commands one after the other in one process (tests/cli_driver.py: one start-up of
+    Python and MindSpore for all of them, each command's status and output its own). A case is an argv list, or
+    a dict {"argv": [...], "cwd": folder, "watch": [folders]}. Returns a :class:`Ran` per case, in order."""
+    spec = [{"argv": [str(a) for a in c]} if isinstance(c, list) else
+            {"argv": [str(a) for a in c["argv"]], "cwd": str(c["cwd"]) if c.get("cwd") else None,
+             "watch": [str(w) for w in c.get("watch", ())]} for c in cases]
+    r = subprocess.run([sys.executable, "-I", os.path.join(HERE, "cli_driver.py")], input=json.dumps(spec),
+                       capture_output=True, text=True, timeout=timeout, env=env)
+    results = [json.loads(line[len("CASE "):]) for line in r.stdout.splitlines() if line.startswith("CASE ")]
+    assert r.returncode == 0 and len(results) == len(spec), (
+        f"cli_driver: exit {r.returncode} after {len(results)} of {len(spec)} commands\n{r.stderr[-3000:]}")
+    return [Ran(c["argv"], res["status"], res["stdout"], res["stderr"], res["watched"])
+            for c, res in zip(spec, results)]
+
+
+SHADOWS = ("glob", "json", "numpy", "subprocess", "safetensors", "mindspore")
+
+
+def hostile_folder(folder):
+    """A new folder whose modules, if a process started in it imported them, would leave a mark (PWNED-<name>,
+    see :func:`pwned`) and fail: a working directory the command's children must not import from."""
+    folder.mkdir(parents=True)
+    for name in SHADOWS:
+        (folder / f"{name}.py").write_text(f"open({str(folder / ('PWNED-' + name))!r}, 'w').close()\n"
+                                           f"raise SystemExit('shadowed {name} imported')\n")
+    return folder
+
+
+def pwned(folder):
+    """The marks a shadow module of :func:`hostile_folder` left: the modules some process imported from it."""
+    return sorted(f for f in os.listdir(folder) if f.startswith("PWNED"))
+
+
+def job_processes(folder):
+    """The launcher and worker processes of this test session: their command lines name the checkpoint `folder`
+    under pytest's temporary root, so another suite's on the same machine (a second `make test`) are not counted."""
+    root, found = os.path.dirname(folder), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # (ended meanwhile)
+            continue
+        if ("worker.py" in args or "msrun" in args) and root in args:
+            found.append(f"{pid} {args}")
+    return found
+
+
+# `ms-swiglu` with the launcher's worker replaced by tests/tp_fault_worker.py (rank $TP_FAULT_RANK fails)
+FAULTY_TP = [sys.executable, "-c", "import sys; from ms_swiglu.launch import msrun; msrun.WORKER = sys.argv[1]; "
+             "from ms_swiglu import cli; sys.exit(cli.main(sys.argv[2:]))", os.path.join(HERE, "tp_fault_worker.py")]
+TP_H = 32  # hidden size of tp_ckpt
+
+
+@pytest.fixture(scope="session")
+def tp_ckpt(tmp_path_factory):
+    """The dense checkpoint of the tensor-parallel runs (hidden 32, intermediate 48, two layers): (folder, stored)."""
+    folder = tmp_path_factory.mktemp("tp_dense")
+    return str(folder), make_checkpoint(folder, hidden=TP_H, inter=48, layers=2, seed=21)
+
+
+def _tp_job(tmp_path_factory, name, x):
+    """A new folder for one tensor-parallel job: its input x.npy, an empty tmp/ for its $TMPDIR."""
+    root = tmp_path_factory.mktemp(name)
+    np.save(root / "x.npy", np.asarray(x, np.float32))
+    (root / "tmp").mkdir()
+    return root
+
+
+@pytest.fixture(scope="session")
+def tp_success(tp_ckpt, tmp_path_factory):
+    """One `ms-swiglu run --tp-size 2` (msrun, two ranks) of tp_ckpt's layer 0 that succeeds, run from a
+    hostile working directory with its own $TMPDIR. Shared (an msrun job costs tens of seconds): test_parallel
+    compares its output with one process's, test_reliability checks what it leaves in $TMPDIR and that none of its
+    processes imported from the working directory."""
+    root = _tp_job(tmp_path_factory, "tp_success", np.random.default_rng(2).standard_normal((3, 5, TP_H)))
+    cwd = hostile_folder(root / "cwd")
+    r = subprocess.run([EXE, "run", "--checkpoint", tp_ckpt[0], "--layer", "0", "--input", str(root / "x.npy"),
+                        "--output", str(root / "y.npy"), "--dtype", "float32", "--tp-size", "2"], cwd=cwd,
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, TMPDIR=str(root / "tmp")))
+    return types.SimpleNamespace(result=r, x=root / "x.npy", y=root / "y.npy", cwd=cwd, tmp=root / "tmp")
+
+
+OLD_JOBS = [f"20260101-00000{i}-999999{i}-x" for i in range(5)]  # failed jobs of ended processes, oldest first
+KILLED_JOB = "20260101-000009-9999990-k"  # a killed job's folder, with its input
+
+
+@pytest.fixture(scope="session")
+def tp_failure(tp_ckpt, tmp_path_factory):
+    """One tensor-parallel run (--tp-size 2, --output y.npy) whose rank 1 fails (tests/tp_fault_worker.py), its
+    $TMPDIR/ms-swiglu-tp holding beforehand the folders of OLD_JOBS (with logs) and of KILLED_JOB. Shared:
+    test_parallel checks the report, that nothing is left running and no output; test_reliability which job
+    folders it keeps."""
+    root = _tp_job(tmp_path_factory, "tp_failure", np.ones((2, TP_H)))
+    jobs = root / "tmp" / "ms-swiglu-tp"
+    for i, name in enumerate(OLD_JOBS):
+        (jobs / name / "logs").mkdir(parents=True)
+        os.utime(jobs / name, (i, i))
+    (jobs / KILLED_JOB).mkdir()
+    (jobs / KILLED_JOB / "input.npy").write_bytes(b"")
+    r = subprocess.run(FAULTY_TP + ["run", "--checkpoint", tp_ckpt[0], "--layer", "0", "--input", str(root / "x.npy"),
+                                    "--output", str(root / "y.npy"), "--tp-size", "2"], capture_output=True,
+                       text=True, timeout=600, env=dict(os.environ, TMPDIR=str(root / "tmp"), TP_FAULT_RANK="1"))
+    return types.SimpleNamespace(result=r, y=root / "y.npy", jobs=jobs)
+
+
+@pytest.fixture(scope="session")
+def tp_interrupted(tp_ckpt, tmp_path_factory):
+    """Ctrl-C (SIGINT) to a tensor-parallel run once both its ranks run and have logs (no rank 9 fails: both
+    wait), with its own $TMPDIR. Shared by test_parallel (every process ended) and test_reliability (no job
+    folder left): the ranks seen running before the signal, the exit status and stderr."""
+    root = _tp_job(tmp_path_factory, "tp_interrupted", np.ones((2, TP_H)))
+    jobs = root / "tmp" / "ms-swiglu-tp"
+    proc = subprocess.Popen(FAULTY_TP + ["run", "--checkpoint", tp_ckpt[0], "--layer", "0", "--input",
+                                         str(root / "x.npy"), "--tp-size", "2"], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TMPDIR=str(root / "tmp"), TP_FAULT_RANK="9"))
+
+    def ranks():
+        return [p for p in job_processes(tp_ckpt[0]) if "worker.py" in p]
+
+    deadline = time.time() + 120
+    while time.time() < deadline and not (len(ranks()) >= 2 and list(jobs.glob("*/logs/worker_1.log"))):
+        time.sleep(0.2)
+    time.sleep(2)
+    seen = ranks()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    return types.SimpleNamespace(returncode=proc.returncode, stderr=err, ranks_seen=seen, jobs=jobs)
+
+
+BENCH = ["bench", "--preset", "tiny", "--tokens", "1", "4", "--rounds", "2", "--memory", "--layers", "2",
+         "--model-blocks", "2", "--jit", "O0", "O1", "--dtype", "float32", "bfloat16", "--retries", "0", "--settle",
+         "0.01"]
+
+
+@pytest.fixture(scope="session")
+def bench_started(tmp_path_factory):
+    """`ms-swiglu bench` end to end on the tiny shape (BENCH: every variant at both jit levels, two dtypes and
+    token counts, --memory's probe processes, a model of two blocks; --json b.json, --plot b.png), started from a
+    hostile working directory with its own $TMPDIR, its stdout and stderr into files: (Popen, its folder). Ended
+    at the session's end if still running."""
+    root = tmp_path_factory.mktemp("bench")
+    cwd = hostile_folder(root / "cwd")
+    (root / "tmp").mkdir()
+    with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
+        proc = subprocess.Popen([EXE, *BENCH, "--json", str(root / "b.json"), "--plot", str(root / "b.png")],
+                                cwd=cwd, stdout=out, stderr=err, env=dict(os.environ, TMPDIR=str(root / "tmp")))
+    yield proc, root
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _bench_in_background(request):
+    """Starts the bench (bench_started) with the session when a selected test uses bench_run: it takes over a
+    minute, mostly of one core, and the test files before test_bench.py (numerics, nothing timed) run beside it
+    on the other. test_bench.py's timed tests run after bench_run, its first test, has waited for it."""
+    if any("bench_run" in item.fixturenames for item in request.session.items):
+        request.getfixturevalue("bench_started")
+
+
+@pytest.fixture(scope="session")
+def bench_run(bench_started):
+    """The bench's run, waited for. Shared: test_bench checks its report, test_reliability that none of its
+    processes imported from the working directory: its result (a CompletedProcess), the paths of its JSON and
+    plot, its working directory."""
+    proc, root = bench_started
+    proc.wait(timeout=900)
+    out, err = ((root / name).read_text(errors="replace") for name in ("stdout", "stderr"))
+    return types.SimpleNamespace(result=subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
+                                 json=root / "b.json", png=root / "b.png", cwd=root / "cwd")
+
+
+@pytest.fixture(scope="session")
+def export_ckpt(tmp_path_factory):
+    """test_export's dense checkpoint (hidden 32, intermediate 48, three layers): (folder, stored)."""
+    folder = tmp_path_factory.mktemp("export_ckpt")
+    return str(folder), make_checkpoint(folder, layers=3, seed=11)
+
+
+@pytest.fixture(scope="session")
+def target_exports(export_ckpt, tmp_path_factory):
+    """One export per target (ascend, portable, cpu) of export_ckpt's layer 1, float32, each run from a hostile
+    working directory. Shared: test_export reads the kits ({target: (folder, manifest, stdout)}), test_reliability
+    checks that none of the export's children imported from the working directory."""
+    cwd = hostile_folder(tmp_path_factory.mktemp("export_cwd") / "cwd")
+    kits = {}
+    for target in ("ascend", "portable", "cpu"):
+        d = tmp_path_factory.mktemp(f"exp_{target}")
+        r = subprocess.run([EXE, "export", "--checkpoint", export_ckpt[0], "--layer", "1", "--output-dir", str(d),
+                            "--target", target], cwd=cwd, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        kits[target] = (d, json.loads((d / "manifest.json").read_text()), r.stdout)
+    return types.SimpleNamespace(kits=kits, cwd=cwd)

@@ -12,14 +12,10 @@ from ms_swiglu.tools.probes import MACHINE_FLAGS
 CLI = [os.path.join(os.path.dirname(sys.executable), "ms-swiglu")]
 
 
-def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path):
-    r = subprocess.run(CLI + ["bench", "--preset", "tiny", "--tokens", "1", "4", "--rounds", "2", "--memory",
-                              "--layers", "2", "--model-blocks", "2", "--jit", "O0", "O1", "--dtype", "float32",
-                              "bfloat16", "--retries", "0", "--settle", "0.01", "--json", str(tmp_path / "b.json"),
-                              "--plot", str(tmp_path / "b.png")],
-                       capture_output=True, text=True, timeout=900)
+def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(bench_run):
+    r = bench_run.result  # conftest's: the tiny shape, conftest.BENCH's options, --json and --plot
     assert r.returncode == 0, r.stderr[-2000:]
-    data = json.loads((tmp_path / "b.json").read_text())
+    data = json.loads(bench_run.json.read_text())
     assert data["read_gbps"] > 0 and data["rw_gbps"] > 0 and data["args"]["layers"] == 2
     assert data["args"]["settle"] == 0.01  # a short pause: this test checks the structure, not the times
     assert data["peaks_gflops"]["fma_float32"] > 0 and data["disturbed_above"] == 0.05
@@ -81,7 +77,7 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(tmp_path
                     assert e["speedup_vs_float32"] == 1.0
     fused, base = (data["results"][2]["variants"][k]["activation_bytes"] for k in ("packed-cpu/O0", "baseline/O0"))
     assert fused < base
-    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert bench_run.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "GEMM ceiling" in r.stdout and "in the same rounds" in r.stdout
     assert "bench [" not in r.stderr  # the progress bar only where stderr is a terminal
     assert "disturbance" in r.stdout and "in model" in r.stdout and r.stdout.count("order effect") == 4

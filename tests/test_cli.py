@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ms_swiglu.checkpoint import read_safetensors
-from conftest import TOL, ref_swiglu
+from conftest import TOL, cli_batch, ref_swiglu
 from hf_checkpoint import make_checkpoint
 
 H, I = 32, 48
@@ -32,17 +32,41 @@ def ckpts(tmp_path_factory):
                                                           else 1, layers=3, seed=7)) for dtype in TOL}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_run_matches_numpy_at_several_token_counts(ckpts, dtype, tmp_path):
-    folder, stored = ckpts[dtype]
+@pytest.fixture(scope="module")
+def runs(ckpts, tmp_path_factory):
+    """{dtype: (folder, {name: Ran})}: per checkpoint dtype, in one process (conftest.cli_batch), "x": layer 2 on
+    x.npy ([2, 5, H]) into y.npy (backend cpu), "tokens": layer 0 on 7 seeded random tokens in float32 compute
+    into z.npy; for float32 also "relative": the same from the dtype's folder with relative paths (rel.npy)."""
+    root, cases, names = tmp_path_factory.mktemp("runs"), [], []
     x = np.random.default_rng(1).standard_normal((2, 5, H)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    r = cli("run", "--checkpoint", folder, "--layer", 2, "--input", tmp_path / "x.npy", "--output",
-            tmp_path / "y.npy", "--backend", "cpu")
+    for dtype, (folder, _) in ckpts.items():
+        (root / dtype).mkdir()
+        np.save(root / dtype / "x.npy", x)
+        cases += [["run", "--checkpoint", folder, "--layer", 2, "--input", root / dtype / "x.npy", "--output",
+                   root / dtype / "y.npy", "--backend", "cpu"],
+                  ["run", "--checkpoint", folder, "--layer", 0, "--tokens", 7, "--dtype", "float32", "--output",
+                   root / dtype / "z.npy"]]
+        names += [(dtype, "x"), (dtype, "tokens")]
+        if dtype == "float32":  # paths relative to the working folder (the run itself works in a scratch one)
+            cases.append({"argv": ["run", "--checkpoint", os.path.relpath(folder, root / dtype), "--layer", "0",
+                                   "--tokens", "7", "--output", "rel.npy"], "cwd": root / dtype})
+            names.append((dtype, "relative"))
+    found = {dtype: (root / dtype, {}) for dtype in ckpts}
+    for (dtype, name), r in zip(names, cli_batch(cases)):
+        found[dtype][1][name] = r
+    return found
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_run_matches_numpy_at_several_token_counts(ckpts, runs, dtype):
+    _, stored = ckpts[dtype]
+    out, done = runs[dtype]
+    x = np.load(out / "x.npy")
+    r = done["x"]
     assert r.returncode == 0, r.stderr
     assert f"dtype {dtype}" in r.stdout and "backend cpu" in r.stdout and "device CPU" in r.stdout
     assert "latency" in r.stdout and "-> output [2, 5, 32]" in r.stdout
-    y = np.load(tmp_path / "y.npy")
+    y = np.load(out / "y.npy")
     assert y.dtype == np.float32 and y.shape == (2, 5, H)
     if dtype == "float32":
         np.testing.assert_allclose(y, ref_mlp(x.astype(np.float64), stored, 2), atol=1e-5, rtol=1.3e-6)
@@ -52,18 +76,15 @@ def test_run_matches_numpy_at_several_token_counts(ckpts, dtype, tmp_path):
         atol, rtol = TOL[dtype]
         np.testing.assert_allclose(y, ref_mlp(_round(x, dtype), stored, 2), atol=4 * atol, rtol=4 * rtol)
     # seeded random tokens, cast to float32 compute
-    r = cli("run", "--checkpoint", folder, "--layer", 0, "--tokens", 7, "--dtype", "float32",
-            "--output", tmp_path / "z.npy")
+    r = done["tokens"]
     assert r.returncode == 0, r.stderr
     x7 = np.random.default_rng(0).standard_normal((7, H)).astype(np.float32)  # what --tokens 7 --seed 0 runs
-    np.testing.assert_allclose(np.load(tmp_path / "z.npy"), ref_mlp(x7.astype(np.float64), stored, 0),
+    np.testing.assert_allclose(np.load(out / "z.npy"), ref_mlp(x7.astype(np.float64), stored, 0),
                                atol=1e-5, rtol=1.3e-6)
-    if dtype == "float32":  # paths relative to the working folder (the run itself works in a scratch one)
-        r = subprocess.run(CLI + ["run", "--checkpoint", os.path.relpath(folder, tmp_path), "--layer", "0",
-                                  "--tokens", "7", "--output", "rel.npy"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=300)
+    if dtype == "float32":  # paths relative to the working folder
+        r = done["relative"]
         assert r.returncode == 0, r.stderr
-        np.testing.assert_array_equal(np.load(tmp_path / "rel.npy"), np.load(tmp_path / "z.npy"))
+        np.testing.assert_array_equal(np.load(out / "rel.npy"), np.load(out / "z.npy"))
 
 
 def _round(x, dtype):
@@ -139,23 +160,30 @@ def _drop_tensor(folder, name):
     save_file(tensors, str(folder / "model.safetensors"))
 
 
+@pytest.fixture(scope="module")
+def bad_runs(bad_folder):
+    """{case: (its Ran, its message)}: every bad input of _bad in one process (conftest.cli_batch), bad_folder
+    watched after each; and bad_folder's entries before them."""
+    tmp, ckpt = bad_folder
+    bad = _bad(tmp, ckpt)
+    if os.geteuid() == 0:
+        # root writes into a 0555 folder, so make the target a read-only file system path instead
+        bad["out-readonly"] = (["run", "--checkpoint", ckpt, "--layer", 0, "--output", "/proc/ms_swiglu_y.npy"],
+                               "expected a writable folder")
+    before = set(os.listdir(tmp))
+    done = cli_batch([{"argv": args, "watch": [tmp]} for args, _ in bad.values()])
+    return {case: (r, message) for (case, (_, message)), r in zip(bad.items(), done)}, before
+
+
 @pytest.mark.parametrize("case", ["missing-folder", "missing-config", "model-type", "layer-range", "missing-tensor",
                                   "shape", "truncated", "input-dim", "input-int", "input-not-npy", "dtype",
                                   "out-folder", "out-readonly", "tp-size"])
-def test_bad_input_exit_2_one_line(bad_folder, case):
-    tmp, ckpt = bad_folder
-    if case == "out-readonly" and os.geteuid() == 0:
-        # root writes into a 0555 folder, so make the target a read-only file system path instead
-        args, message = ["run", "--checkpoint", ckpt, "--layer", 0, "--output", "/proc/ms_swiglu_y.npy"], \
-            "expected a writable folder"
-    else:
-        args, message = _bad(tmp, ckpt)[case]
-    before = set(os.listdir(tmp))
-    r = cli(*args)
+def test_bad_input_exit_2_one_line(bad_folder, bad_runs, case):
+    (r, message), before = bad_runs[0][case], bad_runs[1]
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr, r.stderr
-    assert set(os.listdir(tmp)) == before, "a failed run left a file behind"
+    assert set(r.watched[str(bad_folder[0])]) == before, "a failed run left a file behind"
 
 
 def test_existing_output_is_kept_without_force(ckpts, tmp_path):

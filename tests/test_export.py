@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ms_swiglu.export import graph_io, op_types
-from conftest import ref_swiglu
+from conftest import cli_batch, ref_swiglu
 from hf_checkpoint import make_checkpoint
 
 H, I = 32, 48
@@ -38,21 +38,14 @@ def sha256(path):
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("export_ckpt")
-    return str(folder), make_checkpoint(folder, layers=3, seed=11)
+def ckpt(export_ckpt):
+    return export_ckpt  # conftest's: hidden H, intermediate I, three layers
 
 
 @pytest.fixture(scope="module")
-def exports(ckpt, tmp_path_factory):
-    """One export per target from the test checkpoint, layer 1, float32."""
-    out = {}
-    for target in ("ascend", "portable", "cpu"):
-        d = tmp_path_factory.mktemp(f"exp_{target}")
-        r = cli("export", "--checkpoint", ckpt[0], "--layer", 1, "--output-dir", d, "--target", target)
-        assert r.returncode == 0, r.stderr
-        out[target] = (d, json.loads((d / "manifest.json").read_text()), r.stdout)
-    return out
+def exports(target_exports):
+    """{target: (folder, manifest, stdout)}: conftest's shared export per target of ckpt's layer 1, float32."""
+    return target_exports.kits
 
 
 def ref_mlp(x, stored, layer):
@@ -329,27 +322,41 @@ def test_killed_export_leaves_no_artifact_and_is_cleaned_next_time(tmp_path):
     assert not [f for f in os.listdir(out) if f.startswith(".ms_swiglu-export-")]
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--preset", "tiny", "--output-dir", "/proc/ms_swiglu_out"], "expected a writable folder"),
-        (["--preset", "tiny", "--output-dir", "/nonexistent/a/b"], "expected an existing parent folder"),
-        (["--checkpoint", "/nonexistent", "--layer", 0, "--output-dir", "OUT"], "expected a folder"),
-        (["--checkpoint", "CKPT", "--layer", 7, "--output-dir", "OUT"], "expected 0..2 (num_hidden_layers=3), got 7"),
-        (["--checkpoint", "CKPT", "--output-dir", "OUT"], "expected --layer N or --layers A-B"),
-        (["--preset", "tiny", "--static-shape", "2x3", "--output-dir", "OUT"], "expected B,S (two positive integers)"),
-        (["--preset", "gpt-9", "--output-dir", "OUT"], "invalid choice: 'gpt-9'"),
-        (["--preset", "tiny", "--air", "--output-dir", "OUT"], "expected MindSpore running on an Ascend device"),
-    ],
-    ids=["unwritable", "no-parent", "no-checkpoint", "layer", "no-layer", "static-shape", "preset", "air-on-cpu"],
-)
-def test_bad_input_exit_2_one_line(ckpt, tmp_path, args, message):
-    args = [str(tmp_path / "out") if a == "OUT" else ckpt[0] if a == "CKPT" else a for a in args]
-    r = cli("export", *args)
+BAD_INPUT = {  # id: (the export's arguments, its message); OUT: a new folder's "out", CKPT: ckpt's folder
+    "unwritable": (["--preset", "tiny", "--output-dir", "/proc/ms_swiglu_out"], "expected a writable folder"),
+    "no-parent": (["--preset", "tiny", "--output-dir", "/nonexistent/a/b"], "expected an existing parent folder"),
+    "no-checkpoint": (["--checkpoint", "/nonexistent", "--layer", 0, "--output-dir", "OUT"], "expected a folder"),
+    "layer": (["--checkpoint", "CKPT", "--layer", 7, "--output-dir", "OUT"],
+              "expected 0..2 (num_hidden_layers=3), got 7"),
+    "no-layer": (["--checkpoint", "CKPT", "--output-dir", "OUT"], "expected --layer N or --layers A-B"),
+    "static-shape": (["--preset", "tiny", "--static-shape", "2x3", "--output-dir", "OUT"],
+                     "expected B,S (two positive integers)"),
+    "preset": (["--preset", "gpt-9", "--output-dir", "OUT"], "invalid choice: 'gpt-9'"),
+    "air-on-cpu": (["--preset", "tiny", "--air", "--output-dir", "OUT"],
+                   "expected MindSpore running on an Ascend device"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(ckpt, tmp_path_factory):
+    """{id: (its Ran, its folder)}: every BAD_INPUT export in one process (conftest.cli_batch), each with a new
+    empty folder of its own for OUT, watched after it."""
+    root, cases, folders = tmp_path_factory.mktemp("bad_export"), [], {}
+    for name, (args, _) in BAD_INPUT.items():
+        folders[name] = root / name
+        folders[name].mkdir()
+        args = [str(folders[name] / "out") if a == "OUT" else ckpt[0] if a == "CKPT" else a for a in args]
+        cases.append({"argv": ["export", *args], "watch": [folders[name]]})
+    return {name: (r, folders[name]) for name, r in zip(BAD_INPUT, cli_batch(cases))}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_exit_2_one_line(bad_input_runs, case):
+    r, folder = bad_input_runs[case]
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr, r.stderr
-    assert not (tmp_path / "out").exists()
+    assert len(lines) == 1 and BAD_INPUT[case][1] in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert r.watched[str(folder)] == {}  # no "out" (nor anything else) in its folder
 
 
 @pytest.fixture(scope="module")
@@ -427,22 +434,24 @@ def test_chip_option_and_what_a_chip_refuses(ckpt, tmp_path, moe_ckpt):
     """--chip goes into the kit; the ascend target follows the support table: float32 Swiglu on 310P exports, an
     MoE layer for 310P (InnerMoeTokenUnpermute: A2/A3 only) and any chip without Swiglu are refused, bfloat16 where
     the chip has none."""
-    r = cli("export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path / "a3", "--chip", "atlas-a3")
-    assert r.returncode == 0, r.stderr
+    a3, p310, moe310, a910, bf16 = cli_batch([  # in one process (conftest.cli_batch), checked below
+        ["export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path / "a3", "--chip", "atlas-a3"],
+        ["export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path / "p", "--chip", "atlas-310p"],
+        ["export", "--checkpoint", moe_ckpt[0], "--layer", 1, "--output-dir", tmp_path / "pm", "--chip",
+         "atlas-310p"],
+        ["export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path / "t", "--chip", "atlas-910a"],
+        ["export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path / "q", "--chip", "atlas-910a",
+         "--target", "portable", "--dtype", "bfloat16"]])
+    assert a3.returncode == 0, a3.stderr
     m = json.loads((tmp_path / "a3" / "manifest.json").read_text())
     assert m["chip"]["key"] == "atlas-a3" and "for Atlas A3" in (tmp_path / "a3" / "converter_lite.cfg").read_text()
-    assert "checked: graph (op types, straight-line), golden outputs against the cpu twin, device: no" in r.stdout
-    r = cli("export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path / "p", "--chip", "atlas-310p")
-    assert r.returncode == 0, r.stderr
-    r = cli("export", "--checkpoint", moe_ckpt[0], "--layer", 1, "--output-dir", tmp_path / "pm", "--chip",
-            "atlas-310p")
-    assert r.returncode == 2 and "expected ops that CANN documents for atlas-310p in float32, got GroupedMatmulV4, " \
-        "MoeInitRoutingV2, InnerMoeTokenUnpermute" in r.stderr and "export --target portable" in r.stderr
-    r = cli("export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path / "t", "--chip", "atlas-910a")
-    assert r.returncode == 2 and "expected a chip CANN documents the builtin Swiglu for" in r.stderr
-    r = cli("export", "--checkpoint", ckpt[0], "--layer", 0, "--output-dir", tmp_path / "q", "--chip", "atlas-910a",
-            "--target", "portable", "--dtype", "bfloat16")
-    assert r.returncode == 2 and "(it has no bfloat16), got bfloat16" in r.stderr
+    assert "checked: graph (op types, straight-line), golden outputs against the cpu twin, device: no" in a3.stdout
+    assert p310.returncode == 0, p310.stderr
+    assert moe310.returncode == 2 and "expected ops that CANN documents for atlas-310p in float32, got " \
+        "GroupedMatmulV4, MoeInitRoutingV2, InnerMoeTokenUnpermute" in moe310.stderr
+    assert "export --target portable" in moe310.stderr
+    assert a910.returncode == 2 and "expected a chip CANN documents the builtin Swiglu for" in a910.stderr
+    assert bf16.returncode == 2 and "(it has no bfloat16), got bfloat16" in bf16.stderr
     assert not [p for p in ("pm", "t", "q") if (tmp_path / p).exists()]
 
 

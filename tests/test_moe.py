@@ -16,7 +16,7 @@ from ms_swiglu.checkpoint.load import load_block
 from ms_swiglu.export import op_types
 from ms_swiglu.export.mindir import op_counts
 from ms_swiglu.routers import SigmoidGroupTopK, SoftmaxTopK
-from conftest import DTYPES, TOL, to_f64, to_tensor
+from conftest import DTYPES, TOL, cli_batch, to_f64, to_tensor
 from hf_checkpoint import make_checkpoint
 from moe_reference import ref_block, ref_mlp, ref_sigmoid_router, ref_softmax_router, rnd, silu, stored_params
 
@@ -244,16 +244,26 @@ def _no_tokens():
             np.testing.assert_array_equal(a, b, err_msg=f"{name}: {rows} after {empty}")
 
 
-def test_no_tokens_give_no_rows_and_leave_the_block_working(tmp_path):
-    """An input without tokens ([0, H], [1, 0, H]) gives [..., 0, H] of its dtype, static and dynamic shapes, for
-    every family, backend (cpu, composite), dtype and quantization (and a rank's block of tp_size 2); a
-    dynamic-shape graph gives the same rows as before once it has run one. MindSpore's CPU kernels crashed on it
-    (StridedSlice along dim 1 of [0, E]: SIGFPE; TopK on [0, G, 0]; OneHot) or ran wrong afterwards (Transpose):
-    a process of its own, so that a crash fails this test only."""
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "no-tokens"], capture_output=True, text=True,
-                       timeout=600, cwd=tmp_path, env=dict(os.environ, GLOG_v="3"))
-    status = f"signal {signal.Signals(-r.returncode).name}" if r.returncode < 0 else f"exit status {r.returncode}"
-    assert r.returncode == 0, f"{status}:\n{r.stdout[-2000:]}{r.stderr[-4000:]}"
+NO_TOKENS = "test_no_tokens_give_no_rows_and_leave_the_block_working"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_tokens_process(request, tmp_path_factory):
+    """The process of :data:`NO_TOKENS` (this file run as ``python test_moe.py no-tokens``), started with the
+    module's first test when that test is selected, so that its minute of graph builds runs beside the module's
+    other tests (NO_TOKENS is the module's last test and waits for it): (Popen, its working folder, where its
+    stdout and stderr go). Ended at the module's end if still running."""
+    if not any(item.module is request.module and item.originalname == NO_TOKENS for item in request.session.items):
+        yield None
+        return
+    cwd = tmp_path_factory.mktemp("no_tokens")
+    with open(cwd / "stdout", "wb") as out, open(cwd / "stderr", "wb") as err:
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "no-tokens"], stdout=out, stderr=err,
+                                cwd=cwd, env=dict(os.environ, GLOG_v="3"))
+    yield proc, cwd
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -500,21 +510,22 @@ def test_tensor_parallel_ranks_sum_to_the_whole_block(family_ckpts, family):
 def test_cli_runs_and_converts_every_family(family_ckpts, tmp_path):
     from ms_swiglu.checkpoint import read_safetensors
 
-    cli = os.path.join(os.path.dirname(sys.executable), "ms-swiglu")
+    x = np.random.default_rng(2).standard_normal((2, 7, H)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    layers = {family: sorted(read_config(folder).sparse_layers)[-1] for family, (folder, _) in family_ckpts.items()}
+    cases = []  # per family: run its last sparse layer, convert it --tp-size 2; in one process (conftest.cli_batch)
+    for family, (folder, _) in family_ckpts.items():
+        cases += [["run", "--checkpoint", folder, "--layer", layers[family], "--input", tmp_path / "x.npy",
+                   "--output", tmp_path / f"{family}.npy", "--dtype", "float32"],
+                  ["convert", "--checkpoint", folder, "--output", tmp_path / f"{family}.safetensors", "--tp-size", 2]]
+    done = iter(cli_batch(cases))
     for family, (folder, stored) in family_ckpts.items():
-        layer = sorted(read_config(folder).sparse_layers)[-1]
-        x = np.random.default_rng(2).standard_normal((2, 7, H)).astype(np.float32)
-        np.save(tmp_path / "x.npy", x)
-        r = subprocess.run([cli, "run", "--checkpoint", folder, "--layer", str(layer), "--input",
-                            str(tmp_path / "x.npy"), "--output", str(tmp_path / f"{family}.npy"), "--dtype", "float32"],
-                           capture_output=True, text=True, timeout=300)
+        layer, r = layers[family], next(done)
         assert r.returncode == 0, r.stderr
         assert f"MoE 8 experts top-2 layer {layer} of {family}" in r.stdout
         want, _ = ref_block(x.reshape(-1, H).astype(np.float64), stored_params(family, stored, layer))
         np.testing.assert_allclose(np.load(tmp_path / f"{family}.npy"), want.reshape(x.shape), atol=1e-5, rtol=1e-5)
-        out = tmp_path / f"{family}.safetensors"
-        r = subprocess.run([cli, "convert", "--checkpoint", folder, "--output", str(out), "--tp-size", "2"],
-                           capture_output=True, text=True, timeout=300)
+        r = next(done)
         assert r.returncode == 0, r.stderr
         tensors, _ = read_safetensors(str(tmp_path / f"{family}-tp1-of-2.safetensors"))
         q = f"model.layers.{layer}." + ("block_sparse_moe." if family == "mixtral" else "mlp.")
@@ -583,3 +594,16 @@ def test_a_new_router_is_a_config_that_builds_its_cell_and_the_old_keywords_stil
         PackedMoE(H, I, E, K, n_group=4)
     with pytest.raises(ValueError, match="expected a router config or scoring and its options, got both"):
         PackedMoE(H, I, E, K, router=Softmax(), renormalize=False)
+
+
+def test_no_tokens_give_no_rows_and_leave_the_block_working(no_tokens_process):
+    """An input without tokens ([0, H], [1, 0, H]) gives [..., 0, H] of its dtype, static and dynamic shapes, for
+    every family, backend (cpu, composite), dtype and quantization (and a rank's block of tp_size 2); a
+    dynamic-shape graph gives the same rows as before once it has run one. MindSpore's CPU kernels crashed on it
+    (StridedSlice along dim 1 of [0, E]: SIGFPE; TopK on [0, G, 0]; OneHot) or ran wrong afterwards (Transpose):
+    a process of its own (no_tokens_process), so that a crash fails this test only."""
+    proc, cwd = no_tokens_process
+    returncode = proc.wait(timeout=600)
+    out, err = ((cwd / name).read_text(errors="replace") for name in ("stdout", "stderr"))
+    status = f"signal {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
+    assert returncode == 0, f"{status}:\n{out[-2000:]}{err[-4000:]}"

@@ -1,16 +1,15 @@
 """Tensor parallelism: rank-local weights read from the checkpoint, and real msrun jobs of 2 (and 4) CPU ranks."""
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from ms_swiglu import cli, load_dense_layer, load_mlp, load_moe_layer, shard_down, shard_packed
+from conftest import cli_batch, job_processes
 from hf_checkpoint import make_checkpoint
 
 H, I, E = 32, 48, 4
@@ -18,9 +17,8 @@ CLI = [os.path.join(os.path.dirname(sys.executable), "ms-swiglu")]
 
 
 @pytest.fixture(scope="module")
-def dense(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tp_dense")
-    return str(folder), make_checkpoint(folder, hidden=H, inter=I, layers=2, seed=21)
+def dense(tp_ckpt):
+    return tp_ckpt  # conftest's: the checkpoint of the shared msrun jobs (hidden H, intermediate I, two layers)
 
 
 @pytest.fixture(scope="module")
@@ -66,69 +64,57 @@ def _run(folder, x_path, out, *extra, env=None):
                           capture_output=True, text=True, timeout=600, env=env)
 
 
-@pytest.mark.parametrize("kind, tp", [("dense", 2), ("moe", 2), ("dense", 4)])
-def test_msrun_ranks_equal_one_process(dense, mixtral, tmp_path, kind, tp):
-    folder = (dense if kind == "dense" else mixtral)[0]
-    x = np.random.default_rng(tp).standard_normal((3, 5, H)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    one = _run(folder, tmp_path / "x.npy", tmp_path / "y1.npy")
-    assert one.returncode == 0, one.stderr
-    many = _run(folder, tmp_path / "x.npy", tmp_path / "yp.npy", "--tp-size", tp)
-    assert many.returncode == 0, many.stderr
-    assert f"tp {tp}" in many.stdout
-    np.testing.assert_allclose(np.load(tmp_path / "yp.npy"), np.load(tmp_path / "y1.npy"), atol=1e-5, rtol=1.3e-6)
-    assert not _job_processes(folder)
+CASES = [("dense", 2), ("moe", 2), ("dense", 4)]
 
 
-def _job_processes(folder):
-    """The launcher and worker processes of this test session: their command lines name the checkpoint `folder`
-    under pytest's temporary root, so another suite's on the same machine (a second `make test`) are not counted."""
-    root, found = os.path.dirname(folder), []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # (ended meanwhile)
-            continue
-        if ("worker.py" in args or "msrun" in args) and root in args:
-            found.append(f"{pid} {args}")
+@pytest.fixture(scope="module")
+def one_process(dense, mixtral, tp_success, tmp_path_factory):
+    """{case: (input, the output of `ms-swiglu run` without --tp-size)}, the three runs in one process
+    (conftest.cli_batch); dense 2's input is that of conftest's shared job."""
+    folder, found, argv = tmp_path_factory.mktemp("one_process"), {}, []
+    for kind, tp in CASES:
+        if (kind, tp) == ("dense", 2):
+            x = tp_success.x
+        else:
+            x = folder / f"x-{kind}-{tp}.npy"
+            np.save(x, np.random.default_rng(tp).standard_normal((3, 5, H)).astype(np.float32))
+        found[kind, tp] = (x, folder / f"y1-{kind}-{tp}.npy")
+        argv.append(["run", "--checkpoint", (dense if kind == "dense" else mixtral)[0], "--layer", 0, "--input", x,
+                     "--output", found[kind, tp][1], "--dtype", "float32"])
+    for r in cli_batch(argv):
+        assert r.returncode == 0, r.stderr
     return found
 
 
-# `ms-swiglu` with the launcher's worker replaced by tests/tp_fault_worker.py (rank $TP_FAULT_RANK fails)
-FAULTY = [sys.executable, "-c", "import sys; from ms_swiglu.launch import msrun; msrun.WORKER = sys.argv[1]; "
-          "from ms_swiglu import cli; sys.exit(cli.main(sys.argv[2:]))",
-          os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_fault_worker.py")]
+@pytest.mark.parametrize("kind, tp", CASES)
+def test_msrun_ranks_equal_one_process(dense, mixtral, one_process, tp_success, tmp_path, kind, tp):
+    folder = (dense if kind == "dense" else mixtral)[0]
+    x, y1 = one_process[kind, tp]
+    if (kind, tp) == ("dense", 2):  # conftest's shared msrun job: this input, dense's layer 0, float32
+        many, yp = tp_success.result, tp_success.y
+    else:
+        many, yp = _run(folder, x, tmp_path / "yp.npy", "--tp-size", tp), tmp_path / "yp.npy"
+    assert many.returncode == 0, many.stderr
+    assert f"tp {tp}" in many.stdout
+    np.testing.assert_allclose(np.load(yp), np.load(y1), atol=1e-5, rtol=1.3e-6)
+    assert not job_processes(folder)
 
 
-def test_a_crashed_worker_is_reported_and_nothing_is_left(dense, tmp_path):
-    x = np.ones((2, H), np.float32)
-    np.save(tmp_path / "x.npy", x)
-    r = subprocess.run(FAULTY + ["run", "--checkpoint", dense[0], "--layer", "0", "--input", str(tmp_path / "x.npy"),
-                                 "--output", str(tmp_path / "y.npy"), "--tp-size", "2"],
-                       capture_output=True, text=True, timeout=600, env=dict(os.environ, TP_FAULT_RANK="1"))
+def test_a_crashed_worker_is_reported_and_nothing_is_left(dense, tp_failure):
+    r = tp_failure.result  # conftest's: rank 1 of tests/tp_fault_worker.py fails (TP_FAULT_RANK=1), --output y.npy
     assert r.returncode == 1
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "worker 1 failed" in lines[0] and "injected failure" in lines[0], r.stderr
     log = re.search(r"\(log: (.*)\)$", lines[0]).group(1)
     assert os.path.exists(log)
-    assert not _job_processes(dense[0])
-    assert not (tmp_path / "y.npy").exists()
+    assert not job_processes(dense[0])
+    assert not tp_failure.y.exists()
 
 
-def test_ctrl_c_ends_every_worker(dense, tmp_path):
-    np.save(tmp_path / "x.npy", np.ones((2, H), np.float32))
-    proc = subprocess.Popen(FAULTY + ["run", "--checkpoint", dense[0], "--layer", "0", "--input",
-                                      str(tmp_path / "x.npy"), "--tp-size", "2"], stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, TP_FAULT_RANK="9"))  # no rank 9: both ranks wait
-    deadline = time.time() + 120
-    while time.time() < deadline and len([p for p in _job_processes(dense[0]) if "worker.py" in p]) < 2:
-        time.sleep(0.2)
-    assert len([p for p in _job_processes(dense[0]) if "worker.py" in p]) >= 2
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "interrupted" in err
-    assert not _job_processes(dense[0])
+def test_ctrl_c_ends_every_worker(dense, tp_interrupted):
+    assert len(tp_interrupted.ranks_seen) >= 2  # conftest's: SIGINT once both ranks ran
+    assert tp_interrupted.returncode == 130 and "interrupted" in tp_interrupted.stderr
+    assert not job_processes(dense[0])
 
 
 def test_tp_size_not_dividing_is_rejected_before_any_worker(dense, tmp_path, capsys):

@@ -18,6 +18,7 @@ from ms_swiglu.packing import pack_gate_up, shard_down, shard_packed
 from conftest import DTYPES, ISAS, TOL, assert_close, on_isa, on_path, ref_swiglu, to_f64, to_tensor
 from hf_checkpoint import make_checkpoint
 from moe_reference import ref_block
+from conftest import cli_batch
 from test_cli import cli
 
 H, I = 64, 96
@@ -350,9 +351,29 @@ def ckpt(tmp_path_factory):
 def test_convert_quantize_then_run_the_file(ckpt, tmp_path):
     folder, stored = ckpt
     out = tmp_path / "q.safetensors"
-    r = cli("convert", "--checkpoint", folder, "--output", out, "--quantize", "int8")
-    assert r.returncode == 0, r.stderr
-    assert "projections int8" in r.stdout
+    x = np.random.default_rng(2).standard_normal((3, H)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    # every command in one process (conftest.cli_batch), in this order; checked below
+    (convert, run_file, run_at_load, convert_tp, *bad, run_tp) = cli_batch([
+        ["convert", "--checkpoint", folder, "--output", out, "--quantize", "int8"],
+        # run the file: the quantized MLP in the checkpoint's dtype, equal to quantizing at load
+        ["run", "--checkpoint", out, "--layer", 1, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy",
+         "--backend", "cpu"],
+        ["run", "--checkpoint", folder, "--layer", 1, "--input", tmp_path / "x.npy", "--output", tmp_path / "z.npy",
+         "--backend", "cpu", "--quantize", "int8"],
+        # the tensor-parallel conversion: rank files quantized before sharding
+        ["convert", "--checkpoint", folder, "--output", tmp_path / "t.safetensors", "--quantize", "int8",
+         "--tp-size", 2, "--layers", "1"],
+        # bad input: a quantized file with a mismatched --tp-size, a layer it does not hold
+        ["run", "--checkpoint", tmp_path / "t.safetensors", "--layer", 1],
+        ["export", "--checkpoint", tmp_path / "t.safetensors", "--layer", 1, "--output-dir", tmp_path / "ex"],
+        ["run", "--checkpoint", tmp_path / "t-tp0-of-2.safetensors", "--layer", 1],
+        ["run", "--checkpoint", tmp_path / "t.safetensors", "--layer", 0, "--tp-size", 2],
+        # two ranks on their rank files (msrun)
+        ["run", "--checkpoint", tmp_path / "t.safetensors", "--layer", 1, "--tp-size", 2, "--input",
+         tmp_path / "x.npy", "--output", tmp_path / "t.npy"]])
+    assert convert.returncode == 0, convert.stderr
+    assert "projections int8" in convert.stdout
     tensors, _ = read_safetensors(str(out))
     p = "model.layers.1.mlp."
     gate, up = stored[p + "gate_proj.weight"], stored[p + "up_proj.weight"]
@@ -360,40 +381,24 @@ def test_convert_quantize_then_run_the_file(ckpt, tmp_path):
     np.testing.assert_array_equal(tensors[p + "gate_up_proj.weight"], q)
     np.testing.assert_array_equal(tensors[p + "gate_up_proj.weight_scale"], s)
     assert tensors[p + "down_proj.weight"].dtype == np.int8 and tensors[p + "down_proj.weight_scale"].shape == (H,)
-    # run the file: the quantized MLP in the checkpoint's dtype, equal to quantizing at load
-    x = np.random.default_rng(2).standard_normal((3, H)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    r = cli("run", "--checkpoint", out, "--layer", 1, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy",
-            "--backend", "cpu")
-    assert r.returncode == 0, r.stderr
-    assert "weights int8" in r.stdout and "dtype bfloat16" in r.stdout
-    r = cli("run", "--checkpoint", folder, "--layer", 1, "--input", tmp_path / "x.npy", "--output",
-            tmp_path / "z.npy", "--backend", "cpu", "--quantize", "int8")
-    assert r.returncode == 0, r.stderr
+    assert run_file.returncode == 0, run_file.stderr
+    assert "weights int8" in run_file.stdout and "dtype bfloat16" in run_file.stdout
+    assert run_at_load.returncode == 0, run_at_load.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.load(tmp_path / "z.npy"))
-    # the tensor-parallel conversion: rank files quantized before sharding
-    r = cli("convert", "--checkpoint", folder, "--output", tmp_path / "t.safetensors", "--quantize", "int8",
-            "--tp-size", 2, "--layers", "1")
-    assert r.returncode == 0, r.stderr
+    assert convert_tp.returncode == 0, convert_tp.stderr
     for rank in range(2):
         part, _ = read_safetensors(str(tmp_path / f"t-tp{rank}-of-2.safetensors"))
         np.testing.assert_array_equal(part[p + "gate_up_proj.weight"], shard_packed(q, 2, rank))
         np.testing.assert_array_equal(part[p + "gate_up_proj.weight_scale"], shard_packed(s[:, None], 2, rank)[:, 0])
         np.testing.assert_array_equal(part[p + "down_proj.weight_scale"], tensors[p + "down_proj.weight_scale"])
-    # bad input: a quantized file with a mismatched --tp-size, a layer it does not hold
-    r = cli("run", "--checkpoint", tmp_path / "t.safetensors", "--layer", 1)
-    assert r.returncode == 2 and "found only the rank files" in r.stderr
-    r = cli("export", "--checkpoint", tmp_path / "t.safetensors", "--layer", 1, "--output-dir", tmp_path / "ex")
-    assert r.returncode == 2 and "export takes a conversion without --tp-size" in r.stderr  # (it has no --tp-size)
-    r = cli("run", "--checkpoint", tmp_path / "t-tp0-of-2.safetensors", "--layer", 1)
-    assert r.returncode == 2 and "expected a conversion with --tp-size 1, got one with --tp-size 2" in r.stderr
-    r = cli("run", "--checkpoint", tmp_path / "t.safetensors", "--layer", 0, "--tp-size", 2)
-    assert r.returncode == 2 and "expected one of the converted layers 1-1" in r.stderr
-    # two ranks on their rank files (msrun): the tp 1 output up to the order of the bfloat16 sums
-    r = cli("run", "--checkpoint", tmp_path / "t.safetensors", "--layer", 1, "--tp-size", 2, "--input",
-            tmp_path / "x.npy", "--output", tmp_path / "t.npy")
-    assert r.returncode == 0, r.stderr
-    assert "tp 2" in r.stdout and "weights int8" in r.stdout
+    for r, message in zip(bad, ["found only the rank files",
+                                "export takes a conversion without --tp-size",  # (it has no --tp-size)
+                                "expected a conversion with --tp-size 1, got one with --tp-size 2",
+                                "expected one of the converted layers 1-1"]):
+        assert r.returncode == 2 and message in r.stderr, (r.args, r.stderr)
+    # the tp 1 output up to the order of the bfloat16 sums
+    assert run_tp.returncode == 0, run_tp.stderr
+    assert "tp 2" in run_tp.stdout and "weights int8" in run_tp.stdout
     atol, rtol = TOL["bfloat16"]  # each rank's output rounded to bfloat16 before the sum: two roundings
     np.testing.assert_allclose(np.load(tmp_path / "t.npy"), np.load(tmp_path / "y.npy"), atol=2 * atol,
                                rtol=2 * rtol)
@@ -412,43 +417,59 @@ def test_converted_files_whose_tensors_or_metadata_are_wrong_are_refused(ckpt, t
     meta = SafetensorsFolder(str(src)).metadata(str(src))
     gu = "model.layers.0.mlp.gate_up_proj.weight"
 
+    names = []  # the variant files, in the order written
+
     def variant(name, meta_change=None, tensors_change=None):
         t, m = dict(tensors), dict(meta, **(meta_change or {}))
         t.update(tensors_change or {})
         m = {k: v for k, v in m.items() if v is not None}
         dump_safetensors(str(tmp_path / name), t, "bfloat16", m, float32={n for n in t if n.endswith("_scale")})
-        r = cli("run", "--checkpoint", tmp_path / name, "--layer", 0, "--backend", "cpu", "--tokens", 2)
-        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (name, r.returncode, r.stderr)
-        return r.stderr
+        names.append(name)
 
     nan = tensors[gu + "_scale"].copy()
     nan[3] = np.nan
-    assert "expected finite positive scales, got 1 of 192 that are not" in variant("nan.safetensors", None,
-                                                                                 {gu + "_scale": nan})
-    assert "got 192 of 192 that are not" in variant("zero.safetensors", None, {gu + "_scale": 0 * nan})
-    err = variant("float.safetensors", None, {gu: tensors[gu].astype(np.float32) / 1000})
-    assert "expected int8 weights with float32 scales [192] (int8, as the metadata says), got float32" in err
-    err = variant("noquant.safetensors", {"quant": ""})
-    assert "expected float weights without scales (the metadata names no quantization), got int8 weights" in err
-    err = variant("scales.safetensors", None, {gu + "_scale": np.ones((192, 2), np.float32)})
-    assert "expected int8 weights with float32 scales [192]" in err and "scales [192, 2]" in err
-    for name, change, what in (("tp.safetensors", {"tp_size": None}, "KeyError: 'tp_size'"),
-                               ("tp2.safetensors", {"tp_size": "abc"}, "invalid literal"),
-                               ("layers.safetensors", {"layers": "0"}, "invalid literal"),
-                               ("config.safetensors", {"config": "{x"}, "JSONDecodeError"),
-                               ("quant.safetensors", {"quant": "int4"}, "quant 'int4'")):
-        err = variant(name, change)
-        assert "expected the metadata ms-swiglu convert writes" in err or "expected layers 'A-B'" in err, err
-        assert what in err, (name, err)
+    variant("nan.safetensors", None, {gu + "_scale": nan})
+    variant("zero.safetensors", None, {gu + "_scale": 0 * nan})
+    variant("float.safetensors", None, {gu: tensors[gu].astype(np.float32) / 1000})
+    variant("noquant.safetensors", {"quant": ""})
+    variant("scales.safetensors", None, {gu + "_scale": np.ones((192, 2), np.float32)})
+    metadata = (("tp.safetensors", {"tp_size": None}, "KeyError: 'tp_size'"),
+                ("tp2.safetensors", {"tp_size": "abc"}, "invalid literal"),
+                ("layers.safetensors", {"layers": "0"}, "invalid literal"),
+                ("config.safetensors", {"config": "{x"}, "JSONDecodeError"),
+                ("quant.safetensors", {"quant": "int4"}, "quant 'int4'"))
+    for name, change, _ in metadata:
+        variant(name, change)
     # on tensor-parallel ranks too, refused before any rank starts (it was a worker's failure, exit 1): another
     # format than the file's, and a format whose groups the rank's sizes do not hold
     tp = tmp_path / "t.safetensors"
-    assert cli("convert", "--checkpoint", folder, "--output", tp, "--quantize", "int8", "--tp-size", 2).returncode == 0
-    r = cli("run", "--checkpoint", tp, "--layer", 0, "--tp-size", 2, "--quantize", "int8-g128", "--tokens", 2)
-    assert r.returncode == 2 and "quant: expected int8 (the file's) or none, got 'int8-g128'" in r.stderr
-    r = cli("run", "--checkpoint", folder, "--layer", 0, "--tp-size", 2, "--quantize", "int8-g128", "--tokens", 2)
-    assert r.returncode == 2 and ("quant int8-g128: expected hidden_size and every intermediate size / tp_size "
-                                  "multiples of 128, got hidden_size 64, intermediate size / 2: 48") in r.stderr
+    *runs, convert_tp, other_format, groups = cli_batch(  # in one process (conftest.cli_batch)
+        [["run", "--checkpoint", tmp_path / name, "--layer", 0, "--backend", "cpu", "--tokens", 2] for name in names]
+        + [["convert", "--checkpoint", folder, "--output", tp, "--quantize", "int8", "--tp-size", 2],
+           ["run", "--checkpoint", tp, "--layer", 0, "--tp-size", 2, "--quantize", "int8-g128", "--tokens", 2],
+           ["run", "--checkpoint", folder, "--layer", 0, "--tp-size", 2, "--quantize", "int8-g128", "--tokens", 2]])
+    err = {}
+    for name, r in zip(names, runs):
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (name, r.returncode, r.stderr)
+        err[name] = r.stderr
+    assert "expected finite positive scales, got 1 of 192 that are not" in err["nan.safetensors"]
+    assert "got 192 of 192 that are not" in err["zero.safetensors"]
+    assert "expected int8 weights with float32 scales [192] (int8, as the metadata says), got float32" in \
+        err["float.safetensors"]
+    assert "expected float weights without scales (the metadata names no quantization), got int8 weights" in \
+        err["noquant.safetensors"]
+    assert "expected int8 weights with float32 scales [192]" in err["scales.safetensors"] and \
+        "scales [192, 2]" in err["scales.safetensors"]
+    for name, _, what in metadata:
+        assert "expected the metadata ms-swiglu convert writes" in err[name] or "expected layers 'A-B'" in err[name], \
+            err[name]
+        assert what in err[name], (name, err[name])
+    assert convert_tp.returncode == 0, convert_tp.stderr
+    assert other_format.returncode == 2 and "quant: expected int8 (the file's) or none, got 'int8-g128'" in \
+        other_format.stderr
+    assert groups.returncode == 2 and ("quant int8-g128: expected hidden_size and every intermediate size / "
+                                       "tp_size multiples of 128, got hidden_size 64, intermediate size / 2: 48") \
+        in groups.stderr
 
 
 def test_a_huggingface_checkpoint_with_int8_weights_is_refused(tmp_path):
@@ -465,12 +486,13 @@ def test_a_huggingface_checkpoint_with_int8_weights_is_refused(tmp_path):
     save_file(tensors, str(hfq / "model.safetensors"))
     expected = ("model.layers.0.mlp.gate_proj.weight: expected float weights (F32, F16, BF16 or F8_E4M3) in a "
                 "HuggingFace checkpoint, got I8")
-    for args, output in ((("convert", "--output", tmp_path / "c.safetensors", "--quantize", "int8"), "c.safetensors"),
-                         (("convert", "--output", tmp_path / "d.safetensors"), "d.safetensors"),
-                         (("run", "--layer", 0, "--dtype", "float32", "--output", tmp_path / "y.npy"), "y.npy"),
-                         (("export", "--layer", 0, "--quantize", "int8", "--dtype", "bfloat16", "--output-dir",
-                           tmp_path / "ex"), "ex")):
-        r = cli(args[0], "--checkpoint", hfq, *args[1:])
+    cases = ((("convert", "--output", tmp_path / "c.safetensors", "--quantize", "int8"), "c.safetensors"),
+             (("convert", "--output", tmp_path / "d.safetensors"), "d.safetensors"),
+             (("run", "--layer", 0, "--dtype", "float32", "--output", tmp_path / "y.npy"), "y.npy"),
+             (("export", "--layer", 0, "--quantize", "int8", "--dtype", "bfloat16", "--output-dir", tmp_path / "ex"),
+              "ex"))
+    done = cli_batch([[args[0], "--checkpoint", hfq, *args[1:]] for args, _ in cases])  # in one process
+    for (args, output), r in zip(cases, done):
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args[0], r.returncode, r.stderr)
         assert expected in r.stderr, r.stderr
         assert not (tmp_path / output).exists()
@@ -525,10 +547,15 @@ def _golden_is_the_exact_chain_and_the_cpu_run_passes(converted, kit, manifest, 
 
 def test_export_int8_ascend_holds_weight_quant_matmul(ckpt, tmp_path):
     folder, _ = ckpt
-    r = cli("convert", "--checkpoint", folder, "--output", tmp_path / "q.safetensors", "--quantize", "int8")
-    assert r.returncode == 0, r.stderr
-    r = cli("export", "--checkpoint", tmp_path / "q.safetensors", "--layer", 0, "--output-dir", tmp_path / "asc")
-    assert r.returncode == 0, r.stderr
+    convert, asc, cpu, activations = cli_batch([  # in one process (conftest.cli_batch), checked below
+        ["convert", "--checkpoint", folder, "--output", tmp_path / "q.safetensors", "--quantize", "int8"],
+        ["export", "--checkpoint", tmp_path / "q.safetensors", "--layer", 0, "--output-dir", tmp_path / "asc"],
+        # the cpu target reloads and runs the int8 MindIR in a fresh process
+        ["export", "--preset", "tiny", "--quantize", "int8", "--target", "cpu", "--output-dir", tmp_path / "c"],
+        # float32 activations: the weight-quant matmuls take none
+        ["export", "--preset", "tiny", "--quantize", "int8", "--output-dir", tmp_path / "f"]])
+    assert convert.returncode == 0, convert.stderr
+    assert asc.returncode == 0, asc.stderr
     manifest = json.loads((tmp_path / "asc" / "manifest.json").read_text())
     assert manifest["weights"]["quant"] == "int8" and manifest["dtype"] == "bfloat16"
     assert "WeightQuantBatchMatmul" in manifest["op_types"] and "Swiglu" in manifest["op_types"]
@@ -537,14 +564,10 @@ def test_export_int8_ascend_holds_weight_quant_matmul(ckpt, tmp_path):
     assert manifest["checked"]["golden"] == "cpu twin"  # no Ascend kernel on the CPU: the twin passes the criterion
     _golden_is_the_exact_chain_and_the_cpu_run_passes(tmp_path / "q.safetensors", tmp_path / "asc", manifest,
                                                       tmp_path)
-    # the cpu target reloads and runs the int8 MindIR in a fresh process
-    r = cli("export", "--preset", "tiny", "--quantize", "int8", "--target", "cpu", "--output-dir", tmp_path / "c")
-    assert r.returncode == 0, r.stderr
+    assert cpu.returncode == 0, cpu.stderr
     manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
     assert manifest["checked"]["golden"] == "reloaded MindIR on the CPU" and manifest["weights"]["quant"] == "int8"
-    # float32 activations: the weight-quant matmuls take none
-    r = cli("export", "--preset", "tiny", "--quantize", "int8", "--output-dir", tmp_path / "f")
-    assert r.returncode == 2 and "expected float16 or bfloat16 activations" in r.stderr
+    assert activations.returncode == 2 and "expected float16 or bfloat16 activations" in activations.stderr
     assert not os.path.exists(tmp_path / "f" / "manifest.json")
 
 
@@ -555,14 +578,15 @@ def test_export_int8_moe_ascend_and_cpu(tmp_path):
     folder = tmp_path / "moe"
     make_checkpoint(folder, model_type="qwen2_moe", hidden=H, inter=40, moe_inter=32, experts=8, top_k=2, layers=1,
                     shared_inter=32, dtype="bfloat16", seed=13, config_extra={"shared_expert_intermediate_size": 32})
-    r = cli("export", "--checkpoint", folder, "--layer", 0, "--quantize", "int8", "--output-dir", tmp_path / "a")
-    assert r.returncode == 0, r.stderr
+    asc, cpu = cli_batch([["export", "--checkpoint", folder, "--layer", 0, "--quantize", "int8", "--output-dir",
+                           tmp_path / "a"],
+                          ["export", "--checkpoint", folder, "--layer", 0, "--quantize", "int8", "--target", "cpu",
+                           "--output-dir", tmp_path / "c"]])  # in one process (conftest.cli_batch)
+    assert asc.returncode == 0, asc.stderr
     m = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert {"MoeInitRoutingV2", "GroupedMatmulV4", "WeightQuantBatchMatmul", "Swiglu"} <= set(m["op_types"])
     assert m["weights"]["quant"] == "int8" and "Custom" not in m["op_types"]
-    r = cli("export", "--checkpoint", folder, "--layer", 0, "--quantize", "int8", "--target", "cpu", "--output-dir",
-            tmp_path / "c")
-    assert r.returncode == 0, r.stderr
+    assert cpu.returncode == 0, cpu.stderr
     m = json.loads((tmp_path / "c" / "manifest.json").read_text())
     assert m["checked"]["golden"] == "reloaded MindIR on the CPU"
 
@@ -924,36 +948,38 @@ def test_convert_int8_g128_run_tp_and_export_ascend(ckpt_g, tmp_path):
     folder, stored = ckpt_g
     p = "model.layers.0.mlp."
     out = tmp_path / "g.safetensors"
-    r = cli("convert", "--checkpoint", folder, "--output", out, "--quantize", "int8-g128")
-    assert r.returncode == 0, r.stderr
-    assert "projections int8-g128" in r.stdout
+    x = np.random.default_rng(2).standard_normal((3, HG)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    convert, run_file, run_at_load, convert_tp, run_tp, asc, cpu = cli_batch([  # in one process (conftest.cli_batch)
+        ["convert", "--checkpoint", folder, "--output", out, "--quantize", "int8-g128"],
+        ["run", "--checkpoint", out, "--layer", 0, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy",
+         "--backend", "cpu"],
+        ["run", "--checkpoint", folder, "--layer", 0, "--input", tmp_path / "x.npy", "--output", tmp_path / "z.npy",
+         "--backend", "cpu", "--quantize", "int8-g128"],
+        ["convert", "--checkpoint", folder, "--output", tmp_path / "t.safetensors", "--quantize", "int8-g128",
+         "--tp-size", 2],
+        ["run", "--checkpoint", tmp_path / "t.safetensors", "--layer", 0, "--tp-size", 2, "--input",
+         tmp_path / "x.npy", "--output", tmp_path / "t.npy"],
+        ["export", "--checkpoint", out, "--layer", 0, "--output-dir", tmp_path / "asc"],
+        ["export", "--checkpoint", out, "--layer", 0, "--target", "cpu", "--output-dir", tmp_path / "c"]])
+    assert convert.returncode == 0, convert.stderr
+    assert "projections int8-g128" in convert.stdout
     tensors, _ = read_safetensors(str(out))
     q, s = quantize_int8(pack_gate_up(stored[p + "gate_proj.weight"], stored[p + "up_proj.weight"]), 128)
     np.testing.assert_array_equal(tensors[p + "gate_up_proj.weight"], q)
     np.testing.assert_array_equal(tensors[p + "gate_up_proj.weight_scale"], s)
     assert tensors[p + "down_proj.weight_scale"].shape == (HG, IG // 128)
-    x = np.random.default_rng(2).standard_normal((3, HG)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    r = cli("run", "--checkpoint", out, "--layer", 0, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy",
-            "--backend", "cpu")
-    assert r.returncode == 0, r.stderr
-    assert "weights int8-g128" in r.stdout
-    r = cli("run", "--checkpoint", folder, "--layer", 0, "--input", tmp_path / "x.npy", "--output",
-            tmp_path / "z.npy", "--backend", "cpu", "--quantize", "int8-g128")
-    assert r.returncode == 0, r.stderr
+    assert run_file.returncode == 0, run_file.stderr
+    assert "weights int8-g128" in run_file.stdout
+    assert run_at_load.returncode == 0, run_at_load.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.load(tmp_path / "z.npy"))
-    r = cli("convert", "--checkpoint", folder, "--output", tmp_path / "t.safetensors", "--quantize", "int8-g128",
-            "--tp-size", 2)
-    assert r.returncode == 0, r.stderr
-    r = cli("run", "--checkpoint", tmp_path / "t.safetensors", "--layer", 0, "--tp-size", 2, "--input",
-            tmp_path / "x.npy", "--output", tmp_path / "t.npy")
-    assert r.returncode == 0, r.stderr
+    assert convert_tp.returncode == 0, convert_tp.stderr
+    assert run_tp.returncode == 0, run_tp.stderr
     atol, rtol = TOL["bfloat16"]  # each rank's output rounded to bfloat16 before the sum: two roundings
     np.testing.assert_allclose(np.load(tmp_path / "t.npy"), np.load(tmp_path / "y.npy"), atol=2 * atol,
                                rtol=2 * rtol)
     # export to ascend
-    r = cli("export", "--checkpoint", out, "--layer", 0, "--output-dir", tmp_path / "asc")
-    assert r.returncode == 0, r.stderr
+    assert asc.returncode == 0, asc.stderr
     manifest = json.loads((tmp_path / "asc" / "manifest.json").read_text())
     assert manifest["weights"]["quant"] == "int8-g128" and "per 128 inputs" in manifest["weights"]["format"]
     assert {"WeightQuantBatchMatmul", "Transpose", "Swiglu"} <= set(manifest["op_types"])
@@ -964,6 +990,5 @@ def test_convert_int8_g128_run_tp_and_export_ascend(ckpt_g, tmp_path):
     wq = [n for n in model.graph.node if "WeightQuantBatchMatmul" in n.op_type]
     assert len(wq) == 2 and [constants[n.input[-1]] for n in wq] == [128, 128]
     _golden_is_the_exact_chain_and_the_cpu_run_passes(out, tmp_path / "asc", manifest, tmp_path)
-    r = cli("export", "--checkpoint", out, "--layer", 0, "--target", "cpu", "--output-dir", tmp_path / "c")
-    assert r.returncode == 0, r.stderr
+    assert cpu.returncode == 0, cpu.stderr
     assert json.loads((tmp_path / "c" / "manifest.json").read_text())["checked"]["golden"] == "reloaded MindIR on the CPU"

@@ -10,13 +10,13 @@ import stat
 import struct
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from ms_swiglu.checkpoint import read_safetensors
 from ms_swiglu.errors import InputError
+from conftest import OLD_JOBS, cli_batch, pwned
 from hf_checkpoint import make_checkpoint
 
 H, I = 32, 48
@@ -49,37 +49,20 @@ def tmpenv(tmp_path):
 
 # ---- 1. no code from the working directory ------------------------------------------------------------------
 
-SHADOWS = ("glob", "json", "numpy", "subprocess", "safetensors", "mindspore")
+def test_export_children_never_import_from_the_working_directory(target_exports):
+    """conftest's shared exports (ascend, portable, cpu), each run from a working directory whose glob, json, numpy,
+    subprocess, safetensors and mindspore modules leave a mark if imported: every export passed, none marked."""
+    assert sorted(target_exports.kits) == ["ascend", "cpu", "portable"]  # each exit 0 (the fixture checks)
+    assert pwned(target_exports.cwd) == []
 
 
-@pytest.fixture
-def hostile_cwd(tmp_path):
-    """A folder whose modules, if a child imported them, would leave a mark and fail."""
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    for name in SHADOWS:
-        (cwd / f"{name}.py").write_text(f"open({str(cwd / ('PWNED-' + name))!r}, 'w').close()\n"
-                                        f"raise SystemExit('shadowed {name} imported')\n")
-    return cwd
-
-
-@pytest.mark.parametrize("target", ["portable", "ascend"])
-def test_export_children_never_import_from_the_working_directory(ckpt, hostile_cwd, tmp_path, target):
-    r = cli("export", "--checkpoint", ckpt, "--layer", 0, "--output-dir", tmp_path / "out", "--target", target,
-            cwd=hostile_cwd)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert not [f for f in os.listdir(hostile_cwd) if f.startswith("PWNED")]
-
-
-def test_bench_probes_and_tp_workers_never_import_from_the_working_directory(ckpt, hostile_cwd, tmp_path, tmpenv):
-    r = cli("bench", "--preset", "tiny", "--tokens", 1, "--rounds", 1, "--variants", "packed-cpu", "--memory",
-            "--settle", 0, cwd=hostile_cwd, env=tmpenv)
-    assert r.returncode == 0, r.stderr[-2000:]
-    np.save(tmp_path / "x.npy", np.ones((2, H), np.float32))
-    r = cli("run", "--checkpoint", ckpt, "--layer", 0, "--input", tmp_path / "x.npy", "--tp-size", 2,
-            cwd=hostile_cwd, env=tmpenv)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert not [f for f in os.listdir(hostile_cwd) if f.startswith("PWNED")]
+def test_bench_probes_and_tp_workers_never_import_from_the_working_directory(bench_run, tp_success):
+    """conftest's shared bench (its memory probe processes) and msrun job (its ranks), each run from such a
+    working directory."""
+    assert bench_run.result.returncode == 0, bench_run.result.stderr[-2000:]
+    assert pwned(bench_run.cwd) == []
+    assert tp_success.result.returncode == 0, tp_success.result.stderr[-2000:]
+    assert pwned(tp_success.cwd) == []
 
 
 # ---- 2. outputs whole or not at all ---------------------------------------------------------------------------
@@ -462,18 +445,31 @@ MALFORMED = {
 }
 
 
+@pytest.fixture(scope="module")
+def malformed_runs(bad_inputs, ckpt, tmp_path_factory):
+    """Every MALFORMED command, in one process (conftest.cli_batch), each from an empty working directory of its
+    own, bad_inputs watched after each: ({case: its Ran}, {case: its working directory}, bad_inputs' entries
+    before)."""
+    root, before = tmp_path_factory.mktemp("malformed"), sorted(os.listdir(bad_inputs))
+    cases, cwds = [], {}
+    for case, (args, _) in MALFORMED.items():
+        cwds[case] = root / case
+        cwds[case].mkdir()
+        args = [ckpt if a == "C" else str(bad_inputs) if a == "D" else
+                f"{bad_inputs}/{a[2:]}" if isinstance(a, str) and a.startswith("D/") else a for a in args]
+        cases.append({"argv": args, "cwd": cwds[case], "watch": [bad_inputs, cwds[case]]})
+    return dict(zip(MALFORMED, cli_batch(cases, timeout=900))), cwds, before
+
+
 @pytest.mark.parametrize("case", list(MALFORMED))
-def test_malformed_input_exits_2_with_one_line_before_any_work(bad_inputs, ckpt, tmp_path, case):
-    args, message = MALFORMED[case]
-    args = [ckpt if a == "C" else str(bad_inputs) if a == "D" else
-            f"{bad_inputs}/{a[2:]}" if isinstance(a, str) and a.startswith("D/") else a for a in args]
-    before = sorted(os.listdir(bad_inputs))
-    r = cli(*args, cwd=tmp_path, timeout=120)
-    one_line(r, 2, message)
+def test_malformed_input_exits_2_with_one_line_before_any_work(malformed_runs, bad_inputs, case):
+    runs, cwds, before = malformed_runs
+    r = runs[case]
+    one_line(r, 2, MALFORMED[case][1])
     assert r.stderr.count(": expected") <= 1  # one message, not one wrapped in another
-    assert sorted(os.listdir(bad_inputs)) == before and os.listdir(tmp_path) == []
-    assert stat.S_ISCHR(os.lstat(bad_inputs / "null").st_mode)  # neither replaced nor written into
-    assert stat.S_ISFIFO(os.lstat(bad_inputs / "fifo-out").st_mode)
+    after = r.watched[str(bad_inputs)]  # right after this command
+    assert sorted(after) == before and r.watched[str(cwds[case])] == {}
+    assert after["null"] == "c" and after["fifo-out"] == "p"  # neither replaced (a character device, a FIFO still)
 
 
 def test_akg_runs_with_the_inputs_static_shape_and_leaves_the_working_directory_clean(ckpt, tmp_path, tmpenv):
@@ -540,49 +536,23 @@ def test_a_bug_is_shown_as_one_with_its_traceback_kept(ckpt, tmp_path, tmpenv):
 
 # ---- 5. leftovers --------------------------------------------------------------------------------------------
 
-FAILING_TP = [sys.executable, "-c", "import sys; from ms_swiglu.launch import msrun; msrun.WORKER = sys.argv[1]; "
-              "from ms_swiglu import cli; sys.exit(cli.main(sys.argv[2:]))",
-              os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_fault_worker.py")]
-
-
-def test_tp_job_folders_are_removed_or_kept_for_diagnosis_and_pruned(ckpt, tmp_path, tmpenv):
-    jobs = tmp_path / "tmp" / "ms-swiglu-tp"
-    np.save(tmp_path / "x.npy", np.ones((2, H), np.float32))
-    r = cli("run", "--checkpoint", ckpt, "--layer", 0, "--input", tmp_path / "x.npy", "--tp-size", 2, env=tmpenv)
-    assert r.returncode == 0 and os.listdir(jobs) == []  # a success leaves nothing
-    jobs.mkdir(exist_ok=True)
-    for i in range(5):  # failed jobs of ended processes, oldest first; one killed job with its input
-        old = jobs / f"20260101-00000{i}-999999{i}-x"
-        (old / "logs").mkdir(parents=True)
-        os.utime(old, (i, i))
-    (jobs / "20260101-000009-9999990-k").mkdir()
-    (jobs / "20260101-000009-9999990-k" / "input.npy").write_bytes(b"")
-    r = subprocess.run(FAILING_TP + ["run", "--checkpoint", ckpt, "--layer", "0", "--input", str(tmp_path / "x.npy"),
-                                     "--tp-size", "2"], capture_output=True, text=True, timeout=600,
-                       env=dict(tmpenv, TP_FAULT_RANK="1"))
+def test_tp_job_folders_are_removed_or_kept_for_diagnosis_and_pruned(tp_success, tp_failure):
+    """conftest's shared msrun jobs: a success leaves nothing in $TMPDIR/ms-swiglu-tp; a failed job keeps its logs
+    (not its input) and prunes the earlier jobs it found to the newest three failed ones (no killed job's folder)."""
+    assert tp_success.result.returncode == 0 and os.listdir(tp_success.tmp / "ms-swiglu-tp") == []
+    r, jobs = tp_failure.result, tp_failure.jobs  # its $TMPDIR held OLD_JOBS and KILLED_JOB beforehand
     one_line(r, 1, "worker 1 failed")
     log = r.stderr.strip().rsplit("(log: ", 1)[1].rstrip(")")
     assert log.startswith(str(jobs)) and os.path.exists(log)
     job = os.path.basename(os.path.dirname(os.path.dirname(log)))
-    kept = [f"20260101-00000{i}-999999{i}-x" for i in (2, 3, 4)]  # the newest three earlier failed jobs
-    assert sorted(os.listdir(jobs)) == sorted(kept + [job])
+    assert sorted(os.listdir(jobs)) == sorted(OLD_JOBS[2:] + [job])  # the newest three earlier failed jobs
     assert not (jobs / job / "input.npy").exists()  # the input is not kept, only the logs
 
 
-def test_ctrl_c_leaves_no_job_folder(ckpt, tmp_path, tmpenv):
-    np.save(tmp_path / "x.npy", np.ones((2, H), np.float32))
-    proc = subprocess.Popen(FAILING_TP + ["run", "--checkpoint", ckpt, "--layer", "0", "--input",
-                                          str(tmp_path / "x.npy"), "--tp-size", "2"], stderr=subprocess.PIPE,
-                            text=True, env=dict(tmpenv, TP_FAULT_RANK="9"))  # both ranks wait
-    jobs = tmp_path / "tmp" / "ms-swiglu-tp"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (jobs.exists() and list(jobs.glob("*/logs/worker_1.log"))):
-        time.sleep(0.2)
-    time.sleep(2)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "interrupted" in err
-    assert os.listdir(jobs) == []
+def test_ctrl_c_leaves_no_job_folder(tp_interrupted):
+    """conftest's shared Ctrl-C to a tensor-parallel run once its ranks run."""
+    assert tp_interrupted.returncode == 130 and "interrupted" in tp_interrupted.stderr
+    assert os.listdir(tp_interrupted.jobs) == []
 
 
 def test_a_killed_converts_temporaries_are_removed_by_the_next(ckpt, tmp_path):
@@ -662,15 +632,20 @@ def test_no_tokens_through_every_moe_family_backend_quantization_and_tp_size(tmp
                     layers=1, shared_inter=32, seed=4, config_extra={"norm_topk_prob": False,
                                                                     "shared_expert_intermediate_size": 32})
     make_checkpoint(tmp_path / "mx", model_type="mixtral", hidden=H, inter=48, experts=4, top_k=2, layers=1, seed=5)
-    r = cli("convert", "--checkpoint", tmp_path / "mx", "--output", tmp_path / "mx8.safetensors", "--quantize", "int8")
-    assert r.returncode == 0, r.stderr
+    convert = ["convert", "--checkpoint", tmp_path / "mx", "--output", tmp_path / "mx8.safetensors", "--quantize",
+               "int8"]
     runs = [("ds", 1, "cpu", []), ("ds", 1, "composite", ["--dtype", "bfloat16"]), ("qw", 0, "cpu", []),
             ("qw", 0, "composite", []), ("mx8.safetensors", 0, "cpu", []), ("mx", 0, "auto", ["--tp-size", 2])]
-    for shape, cases in (((1, 0, H), runs), ((0, H), runs[:1] + runs[-1:])):
-        np.save(tmp_path / "x.npy", np.zeros(shape, np.float32))
-        for source, layer, backend, extra in cases:
+    cases = []  # (source, backend, shape, output, argv): the commands run in one process (conftest.cli_batch)
+    for shape, chosen in (((1, 0, H), runs), ((0, H), runs[:1] + runs[-1:])):
+        x = tmp_path / f"x{len(shape)}.npy"
+        np.save(x, np.zeros(shape, np.float32))
+        for source, layer, backend, extra in chosen:
             out = tmp_path / f"y-{source}-{backend}-{len(shape)}.npy"
-            r = cli("run", "--checkpoint", tmp_path / source, "--layer", layer, "--input", tmp_path / "x.npy",
-                    "--backend", backend, "--output", out, *extra)
-            assert r.returncode == 0, (source, backend, shape, r.stderr[-2000:])
-            assert np.load(out).shape == shape, (source, backend)
+            cases.append((source, backend, shape, out, ["run", "--checkpoint", tmp_path / source, "--layer", layer,
+                                                        "--input", x, "--backend", backend, "--output", out, *extra]))
+    r, *done = cli_batch([convert] + [argv for *_, argv in cases])
+    assert r.returncode == 0, r.stderr
+    for (source, backend, shape, out, _), r in zip(cases, done):
+        assert r.returncode == 0, (source, backend, shape, r.stderr[-2000:])
+        assert np.load(out).shape == shape, (source, backend)

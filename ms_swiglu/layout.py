@@ -19,10 +19,6 @@ class ParallelLayout:
     ep_size: int = 1  # expert parallelism: rank ep_rank holds the routed experts [ep_rank E/K, (ep_rank + 1) E/K)
     ep_rank: int = 0
 
-    @property
-    def whole(self):
-        return self.tp_size == 1 and self.ep_size == 1
-
     def experts(self, num_experts):
         """The routed experts this rank holds, a range (all of them without expert parallelism)."""
         if not isinstance(self.ep_size, int) or self.ep_size < 1 or num_experts % self.ep_size:
@@ -74,15 +70,6 @@ class ParallelLayout:
             out[spec.kind] = w
             if scale is not None:
                 out[spec.kind + SCALE] = scale
-        return out
-
-    def shard_layer(self, specs, tensors, method):
-        """The rank's part of a whole layer ``tensors`` (``{kind: array}``, scales beside their weights)."""
-        if self.whole:
-            return dict(tensors)
-        out = {}
-        for spec in specs:
-            out.update(self.shard(spec, tensors, method))
         return out
 
 

@@ -682,7 +682,10 @@ def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
         return quant.quantize_tensors(tensors, g128, {"gate_up", "down"}.__contains__)
 
     def shard_layer(layer, tp_size, rank):
-        return ParallelLayout(tp_size, rank).shard_layer(specs, layer, g128)
+        layout, part = ParallelLayout(tp_size, rank), {}
+        for spec in specs:
+            part.update(layout.shard(spec, layer, g128))
+        return part
 
     rng = np.random.default_rng(1)
     w = rng.standard_normal((2 * IG, HG)).astype(np.float32)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ms_swiglu import paths
 from ms_swiglu import quant as formats
-from ms_swiglu.checkpoint import fp8, hf
+from ms_swiglu.checkpoint import hf
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder, encode, layout_safetensors
 from ms_swiglu.families import parse_config
 from ms_swiglu.layout import WHOLE, ParallelLayout
@@ -30,13 +30,6 @@ def rank_paths(path, tp_size):
         return [path]
     stem, ext = os.path.splitext(path)
     return [f"{stem}-tp{r}-of-{tp_size}{ext or '.safetensors'}" for r in range(tp_size)]
-
-
-def quantize_layer(config, layer, tensors, method):
-    """A layer's ``{kind: array}`` with every tensor the schema marks quantized in the weight format ``method``,
-    its scales beside it (``{kind}_scale``)."""
-    kinds = {t.kind for t in layer_tensors(config, layer) if t.quantized}
-    return formats.quantize_tensors(tensors, method, kinds.__contains__)
 
 
 def convert(checkpoint, output, *, layers=None, tp_size=1, dtype=None, quant=None, force=False, progress=None):
@@ -93,10 +86,9 @@ def convert(checkpoint, output, *, layers=None, tp_size=1, dtype=None, quant=Non
 
 
 def _stored_dtype(shards, config, layer):
-    """The dtype a layer's MLP (or experts) is stored in, from the header: FP8 ones compute in the config's."""
+    """The dtype a layer's MLP (or experts) computes in, from the header alone (nothing is read)."""
     spec = next(t for t in layer_tensors(config, layer) if t.quantized)
-    stored = shards.dtype_name(spec.hf[0].format(e=0))
-    return (config.dtype or "bfloat16") if stored == fp8.FP8 else stored
+    return hf.compute_dtype(config, shards.dtype_name(spec.hf[0].format(e=0)))
 
 
 def _entries(spec, layout, method, dtype):

@@ -46,6 +46,12 @@ def read_config_json(folder):
     return dataclasses.replace(parse_config(raw, path), encoding=fp8.encoding(raw, path)), raw
 
 
+def compute_dtype(config, stored):
+    """The dtype weights stored as ``stored`` compute in by default: their own, or for FP8 the config's dtype
+    (bfloat16 where it names none, as DeepSeek's release does)."""
+    return (config.dtype or "bfloat16") if stored == fp8.FP8 else stored
+
+
 def read_float(shards, name, shape, part=None, encoding=None):
     """A tensor of a HuggingFace checkpoint folder (``shards``: its SafetensorsFolder), the block ``part`` of it,
     as float32 values, and its stored dtype name: F32, F16, BF16, or F8_E4M3 with its block scales (``encoding``:
@@ -113,7 +119,7 @@ def read_layer(shards, config, layer, layout=WHOLE):
                 shards, spec, down, layout, config.encoding)
             out[spec.kind], out[down.kind], stored = read
             dtype = dtype or stored
-    return out, (config.dtype or "bfloat16") if dtype == fp8.FP8 else dtype
+    return out, compute_dtype(config, dtype)
 
 
 def load_dense_layer(folder, layer, config=None, tp_size=1, rank=0):

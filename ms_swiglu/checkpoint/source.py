@@ -5,16 +5,27 @@ import os
 
 from ms_swiglu import quant as formats
 from ms_swiglu.checkpoint import hf
-from ms_swiglu.checkpoint.converted import ConvertedFile, quantize_layer
+from ms_swiglu.checkpoint.converted import ConvertedFile
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
 from ms_swiglu.layout import WHOLE
+from ms_swiglu.schema import layer_tensors
+
+
+def _at_load(config, layer, tensors, quant):
+    """(a layer's float ``{kind: array}`` with every tensor the schema marks quantized in the format ``quant``,
+    its scales beside it; the format's method)."""
+    method = formats.get(quant)
+    if method.quantized:
+        kinds = {t.kind for t in layer_tensors(config, layer) if t.quantized}
+        tensors = formats.quantize_tensors(tensors, method, kinds.__contains__)
+    return tensors, method
 
 
 class HFCheckpoint:
     """A HuggingFace checkpoint folder (float weights; quantized at load when asked)."""
 
     converted = False
-    quant = None  # the weight format it is stored in: None, float
+    quant = None  # the weight format it is stored in: float (FP8 is decoded on read)
 
     def __init__(self, folder):
         self.path, self.where = folder, os.path.abspath(folder)  # (read later, maybe from another folder)
@@ -38,9 +49,7 @@ class HFCheckpoint:
         """(``{kind: array}`` of the rank's part of a layer, its dtype name, its weight format): float tensors
         quantized by ``quant`` where asked, each rank's part by itself."""
         tensors, dtype = hf.read_layer(self.shards, self.config, layer, layout)
-        method = formats.get(quant)
-        if method.quantized:
-            tensors = quantize_layer(self.config, layer, tensors, method)
+        tensors, method = _at_load(self.config, layer, tensors, quant)
         return tensors, dtype, method
 
 
@@ -79,9 +88,7 @@ class ConvertedCheckpoint:
         if file.quant:
             file.check_quant(quant)
             return tensors, dtype, formats.get(file.quant)
-        method = formats.get(quant)
-        if method.quantized:
-            tensors = quantize_layer(self.config, layer, tensors, method)
+        tensors, method = _at_load(self.config, layer, tensors, quant)
         return tensors, dtype, method
 
 

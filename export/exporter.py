@@ -157,8 +157,9 @@ def _check_ops(found, target):
     extra = sorted(set(found) - facts.allowed_ops) if facts.allowed_ops is not None else []
     where = f"export --target {target}"
     if foreign:
-        raise ExportError(f"{where}: expected no {', '.join(foreign)} op (it marks the "
-                          f"{', '.join(sorted(set().union(*(owners[op] for op in foreign))))} backend), got op types {found}")
+        marked = ", ".join(sorted(set().union(*(owners[op] for op in foreign))))
+        raise ExportError(f"{where}: expected no {', '.join(foreign)} op (it marks the {marked} backend), got op "
+                          f"types {found}")
     if missing:
         raise ExportError(f"{where}: expected the {', '.join(missing)} op of the {backend.name} backend, got op types "
                           f"{found}")
@@ -207,7 +208,7 @@ def _verify_kit(work, model_file, device):
     return lines
 
 
-def _golden_net(req, net):
+def golden_net(req, net):
     """The network in float32 on the composite backend holding exactly ``net``'s stored weights (widened; int8
     weights and their float32 scales as they are): the golden outputs' computation, no intermediate rounding."""
     import mindspore as ms  # noqa: PLC0415
@@ -263,11 +264,9 @@ def _ambiguous_tokens(gold, twin, x32, xd, dtype):
     return [int(t) for t in np.nonzero(near | (a != b).any(-1))[0]]
 
 
-def export(req):
-    """Run the export described by ``req``; returns the manifest (a dict)."""
+def check_host(req):
+    """ExportError for a request that cannot be exported on this host; returns (device, chip)."""
     import mindspore as ms  # noqa: PLC0415
-
-    from ms_swiglu.mlp import param_dtype  # noqa: PLC0415
 
     if req.target not in TARGETS:
         raise ExportError(f"--target: expected one of {', '.join(TARGETS)}, got {req.target!r}")
@@ -284,8 +283,30 @@ def export(req):
         raise ExportError(f"--target ascend: expected a chip CANN documents the builtin Swiglu for "
                           f"({', '.join(ascend_support.SUPPORT['Swiglu'].dtypes)}), got {chip.name}; export --target "
                           f"portable for it")
+    return device, chip
+
+
+def export(req):
+    """Run the export described by ``req``; returns the manifest (a dict)."""
+    import mindspore as ms  # noqa: PLC0415
+
+    device, chip = check_host(req)
     ms.set_context(mode=ms.GRAPH_MODE)
     net, hidden, inter, model = _build(req, TARGETS[req.target])
+    settle_request(req, net, chip)
+    model_file = f"{req.name(model)}.{'air' if req.air else 'mindir'}"
+    with FolderSet(req.output_dir, [model_file, *ARTIFACTS], req.force, label="--output-dir", noun="export",
+                   manifest="manifest.json") as out:
+        manifest = write_kit(req, out.stage, net, hidden, inter, model, device, chip)
+        out.commit()
+    return manifest
+
+
+def settle_request(req, net, chip):
+    """The dtype and weight format the built network has (None in ``req``: the checkpoint's), checked for the
+    chip."""
+    from ms_swiglu.mlp import param_dtype  # noqa: PLC0415
+
     req.dtype = str(param_dtype(net)).lower()  # None above: the checkpoint's dtype
     quant = sorted({c.quant for _, c in net.cells_and_names() if getattr(c, "quant", None)})
     req.quant = quant[0] if quant else None  # a quantized converted file: int8 without --quantize
@@ -294,81 +315,119 @@ def export(req):
             chips.check_dtype(req.dtype, chip)
         except ValueError as exc:
             raise ExportError(f"--chip {chip.key}: {exc}") from None
+
+
+class Feed:
+    """How one golden case reaches the exported graph: its inputs, and which of the single-process golden
+    outputs it must give (every rank the same tokens here; ``export.parallel`` has the sharded feed)."""
+
+    names = (INPUT_NAME,)
+
+    def __init__(self, shape):
+        self.shape = shape  # [B, S, H], -1 dynamic
+
+    def specs(self, dtype):
+        """The graph's input specs: [(shape, dtype name)]."""
+        return [(self.shape, dtype)]
+
+    def inputs(self, x):
+        """(the graph's inputs as arrays, the first one the tokens [..., H]) for the global tokens ``x``."""
+        return (x,)
+
+    def rows(self, y, tokens):
+        """(this graph's expected output from the single-process output ``y``, the token rows to exclude from the
+        check given the global ones ``tokens``)."""
+        return y, list(tokens)
+
+    def case(self, inputs):  # noqa: ARG002
+        """What a golden case records beside its input file."""
+        return {}
+
+
+def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, twin=None, gold=None, comm=None):
+    """The MindIR of ``net`` and its kit, written into the folder ``work``; returns the manifest. ``feed``: how
+    the golden cases reach the graph (:class:`Feed`); ``twin``, ``gold``: the dtype computation checked here and
+    the float32 golden network (default: built from ``req``); ``comm``: the manifest's ``communication`` entry of
+    a graph with collectives (its MindIR's groups named as it says: ``export.parallel``)."""
+    import mindspore as ms  # noqa: PLC0415
+
     name = req.name(model)
     fmt = "AIR" if req.air else "MINDIR"
     model_file = f"{name}.{fmt.lower()}"
     backend = backends.get(TARGETS[req.target])
     runs_here = backend.runs_on(device)
-    with FolderSet(req.output_dir, [model_file, *ARTIFACTS], req.force, label="--output-dir", noun="export",
-                   manifest="manifest.json") as out:
-        work = out.stage
-        # the dtype computation held against the golden outputs here: the network itself where it runs on this
-        # device, else its twin (e.g. Swiglu has no CPU kernel: the cpu backend (int8: its kernels) or composite)
-        twin = net if runs_here else _build(req, "cpu" if req.quant and device == "CPU" else "composite")[0]
-        gold = _golden_net(req, net)
-        ms_dtype = getattr(ms, req.dtype)
-        shape = list(req.static_shape or (-1, -1)) + [hidden]
-        net.set_inputs(ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype))
-        _ms_export(net, ms.Tensor(shape=[None if d < 0 else d for d in shape], dtype=ms_dtype),
-                   os.path.join(work, model_file), fmt)
-        signals.pause_point("export-written")
-        found = op_types(os.path.join(work, model_file)) if fmt == "MINDIR" else []
-        if fmt == "MINDIR":
-            _check_ops(found, req.target)
-            _check_int8(net, os.path.join(work, model_file), found, req.target)
-            rename_input(os.path.join(work, model_file), INPUT_NAME)  # a name converter_lite's syntax takes
-        if req.target == "ascend":
-            why = ascend_support.refusal(found, chip.key, req.dtype)
-            if why:
-                raise ExportError(f"--target ascend --chip {chip.key}: {why}; export --target portable for it")
-        criterion = acceptance(req.dtype, **chain(net))
-        golden, twin_cases = _write_golden(req, work, hidden, gold, twin, criterion)
-        shutil.copyfile(KIT_SCRIPT, os.path.join(work, "verify_on_device.py"))
-        deployable = bool(backend.facts.deployable)
-        paths = _runtime_paths(req.target, found)
-        with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
-            f.write(converter_config(INPUT_NAME, shape, req.dtype, chip))
-        converter = converter_command(name, INPUT_NAME, shape)
-        air_name = dataclasses.replace(req, static_shape=req.static_shape or AIR_DEFAULT_SHAPE, air=True).name(model)
-        write_scripts(work, name, req, converter, air_name, deployable, chip, paths["ge"]["missing"])
+    shape = list(req.static_shape or (-1, -1)) + [hidden]
+    feed = feed or Feed(shape)
+    # the dtype computation held against the golden outputs here: the network itself where it runs on this
+    # device, else its twin (e.g. Swiglu has no CPU kernel: the cpu backend (int8: its kernels) or composite)
+    twin = twin or (net if runs_here else _build(req, "cpu" if req.quant and device == "CPU" else "composite")[0])
+    gold = gold or golden_net(req, net)
+    specs = [ms.Tensor(shape=[None if d < 0 else d for d in s], dtype=getattr(ms, dt)) for s, dt in
+             feed.specs(req.dtype)]
+    net.set_inputs(*specs)
+    _ms_export(net, specs, os.path.join(work, model_file), fmt)
+    signals.pause_point("export-written")
+    found = op_types(os.path.join(work, model_file)) if fmt == "MINDIR" else []
+    if fmt == "MINDIR":
+        _check_ops(found, req.target)
+        _check_int8(net, os.path.join(work, model_file), found, req.target)
+        rename_input(os.path.join(work, model_file), feed.names)  # names converter_lite's syntax takes
+        if comm:
+            comm = comm(os.path.join(work, model_file))
+    if req.target == "ascend":
+        why = ascend_support.refusal(found, chip.key, req.dtype)
+        if why:
+            raise ExportError(f"--target ascend --chip {chip.key}: {why}; export --target portable for it")
+    criterion = acceptance(req.dtype, **chain(net))
+    golden, twin_cases = _write_golden(req, work, hidden, gold, twin, criterion, feed)
+    shutil.copyfile(KIT_SCRIPT, os.path.join(work, "verify_on_device.py"))
+    deployable = bool(backend.facts.deployable)
+    paths = _runtime_paths(req.target, found)
+    with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
+        f.write(converter_config(INPUT_NAME, shape, req.dtype, chip))
+    converter = converter_command(name, INPUT_NAME, shape)
+    air_name = dataclasses.replace(req, static_shape=req.static_shape or AIR_DEFAULT_SHAPE, air=True).name(model)
+    write_scripts(work, name, req, converter, air_name, deployable, chip, paths["ge"]["missing"])
 
-        manifest = {
-            "name": name, "format": fmt, "model_file": model_file, "target": req.target, "deployable": deployable,
-            "runtime_paths": paths,
-            "chip": {"name": chip.name, "key": chip.key, "soc_family": chip.soc_family} if req.target != "cpu" else None,
-            "source": {"checkpoint": os.path.basename(os.path.normpath(req.checkpoint)) if req.checkpoint else None,
-                       "preset": req.preset, "seed": None if req.checkpoint else req.seed, "model": model,
-                       "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP or MoE -> residual)"
-                       if req.stack else type(net).__name__},
-            "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype, "moe": _moe_note(req),
-            "weights": {"quant": req.quant, "format": formats.get(req.quant).summary} if req.quant else {"quant": None},
-            "inputs": [{"name": INPUT_NAME, "shape": shape, "dtype": req.dtype, "dynamic": [i for i, d in
-                                                                                        enumerate(shape) if d < 0],
-                        "tokens": {"min": 1, "max": None}}],
-            "outputs": [{"shape": shape, "dtype": req.dtype}],
-            "zero_tokens": "not in the graph: the Cells return [..., 0, H] without calling it",
-            "op_types": found,
-            "golden": golden,
-            "acceptance": criterion,
-            "checked": {"graph": True, "golden": "cpu twin" if not runs_here else
-                        "reloaded MindIR on the CPU" if device == "CPU" else f"reloaded MindIR on {device}",
-                        "device": device == "Ascend" and runs_here},
-            "verification": {"op_types": "ok", "straight_line": True,
-                             "allowed_ops": sorted(backend.facts.allowed_ops) if backend.facts.allowed_ops else None,
-                             "cpu_twin": twin_cases},
-            "converter_command": converter,
-            "atc_command": atc_command(air_name),
-            "files": {},
-        }
-        _write_manifest(work, manifest)
-        if runs_here and fmt == "MINDIR":
-            manifest["verification"]["reloaded"] = _verify_kit(work, model_file, device)
-            _write_manifest(work, manifest)
-        out.commit()
+    manifest = {
+        "name": name, "format": fmt, "model_file": model_file, "target": req.target, "deployable": deployable,
+        "runtime_paths": paths,
+        "chip": {"name": chip.name, "key": chip.key, "soc_family": chip.soc_family} if req.target != "cpu" else None,
+        "source": {"checkpoint": os.path.basename(os.path.normpath(req.checkpoint)) if req.checkpoint else None,
+                   "preset": req.preset, "seed": None if req.checkpoint else req.seed, "model": model,
+                   "layers": list(req.layers), "network": "FFNStack (RMSNorm -> packed MLP or MoE -> residual)"
+                   if req.stack else type(net).__name__},
+        "hidden_size": hidden, "intermediate_size": inter, "dtype": req.dtype, "moe": _moe_note(req),
+        "weights": {"quant": req.quant, "format": formats.get(req.quant).summary} if req.quant else {"quant": None},
+        "inputs": [{"name": n, "shape": s, "dtype": dt, "dynamic": [i for i, d in enumerate(s) if d < 0]}
+                   for n, (s, dt) in zip(feed.names, feed.specs(req.dtype))],
+        "outputs": [{"shape": feed.specs(req.dtype)[0][0], "dtype": req.dtype}],
+        "zero_tokens": "not in the graph: the Cells return [..., 0, H] without calling it",
+        "op_types": found,
+        "golden": golden,
+        "acceptance": criterion,
+        "checked": {"graph": True, "golden": "cpu twin" if not runs_here else
+                    "reloaded MindIR on the CPU" if device == "CPU" else f"reloaded MindIR on {device}",
+                    "device": device == "Ascend" and runs_here},
+        "verification": {"op_types": "ok", "straight_line": True,
+                         "allowed_ops": sorted(backend.facts.allowed_ops) if backend.facts.allowed_ops else None,
+                         "cpu_twin": twin_cases},
+        "converter_command": converter,
+        "atc_command": atc_command(air_name),
+        "files": {},
+    }
+    manifest["inputs"][0]["tokens"] = {"min": 1, "max": None}
+    if comm:
+        manifest["communication"] = comm
+        manifest["zero_tokens"] = feed.zero_tokens
+    write_manifest(work, manifest)
+    if runs_here and fmt == "MINDIR" and not comm:  # (a graph with collectives: verified by its ranks together)
+        manifest["verification"]["reloaded"] = _verify_kit(work, model_file, device)
+        write_manifest(work, manifest)
     return manifest
 
 
-def _write_manifest(work, manifest):
+def write_manifest(work, manifest):
     """manifest.json with the sha256 of every other file of the kit."""
     manifest["files"] = {}
     for root, _, files in os.walk(work):
@@ -380,10 +439,11 @@ def _write_manifest(work, manifest):
         json.dump(manifest, f, indent=1)
 
 
-def _write_golden(req, work, hidden, gold, twin, criterion):
+def _write_golden(req, work, hidden, gold, twin, criterion, feed):
     """The golden cases into ``work``/golden: inputs in the dtype (.bin) and as exact float32 values (.npy), outputs
     of the float32 golden network (.npy, .bin float32). Returns (the manifest's golden entries, the dtype twin's
-    result per case by the criterion); a twin that fails it is a bug (VerificationError)."""
+    result per case by the criterion); a twin that fails it is a bug (VerificationError). ``feed``
+    (:class:`Feed`): what of each case this graph takes and gives."""
     import mindspore as ms  # noqa: PLC0415
 
     golden_dir = os.path.join(work, "golden")
@@ -392,17 +452,22 @@ def _write_golden(req, work, hidden, gold, twin, criterion):
     for case, (b, s, _) in enumerate(_golden_shapes(req)):
         rng = np.random.default_rng(req.seed * 1000 + case)
         x = ms.Tensor(rng.standard_normal((b, s, hidden)).astype(np.float32)).astype(getattr(ms, req.dtype))
-        x_values, x_raw = _raw(x, req.dtype)
+        x_values, _ = _raw(x, req.dtype)
         y = gold(ms.Tensor(x_values)).asnumpy()  # float32, from the values the device gets
-        excluded = _ambiguous_tokens(gold, twin, ms.Tensor(x_values), x, req.dtype)
-        result = check(twin(x).astype(ms.float32).asnumpy(), y, criterion, excluded)
+        y, excluded = feed.rows(y, _ambiguous_tokens(gold, twin, ms.Tensor(x_values), x, req.dtype))
+        inputs = feed.inputs(x_values)
+        twin_inputs = [ms.Tensor(inputs[0]).astype(getattr(ms, req.dtype)), *map(ms.Tensor, inputs[1:])]
+        result = check(twin(*twin_inputs).astype(ms.float32).asnumpy(), y, criterion, excluded)
         cases.append(dict(result, case=case))
         if not result["ok"]:
             raise VerificationError(f"export: expected the {req.dtype} computation to pass the acceptance criterion "
                                     f"against the float32 golden outputs, got {result}")
-        entry = {"case": case, "tokens": b * s, "shape": [b, s, hidden], "excluded_tokens": excluded}
+        x_values, x_raw = _raw(ms.Tensor(inputs[0]), req.dtype)
+        tokens = int(np.prod(x_values.shape[:-1]))
+        entry = {"case": case, "tokens": tokens, "shape": list(x_values.shape), "excluded_tokens": excluded,
+                 **feed.case(inputs)}
         for role, values, raw, dtype in (("input", x_values, x_raw, req.dtype), ("output", y, y.tobytes(), "float32")):
-            stem = os.path.join(golden_dir, f"{role}_{case}_t{b * s}")
+            stem = os.path.join(golden_dir, f"{role}_{case}_t{tokens}")
             np.save(stem + ".npy", values)
             with open(stem + ".bin", "wb") as f:
                 f.write(raw)
@@ -455,12 +520,13 @@ def _ms_path(path):
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def _ms_export(net, sample, path, fmt):
-    """``mindspore.export`` of ``net`` to the file ``path`` (its name ends in the format's extension)."""
+def _ms_export(net, samples, path, fmt):
+    """``mindspore.export`` of ``net`` (inputs ``samples``) to the file ``path`` (its name ends in the format's
+    extension)."""
     import mindspore as ms  # noqa: PLC0415
 
     with _ms_path(path) as target:
-        ms.export(net, sample, file_name=os.path.splitext(target)[0], file_format=fmt)
+        ms.export(net, *samples, file_name=os.path.splitext(target)[0], file_format=fmt)
         if target != path:
             shutil.move(target, path)
 

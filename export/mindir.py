@@ -57,16 +57,41 @@ def graph_io(path):
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
 
 
-def rename_input(path, name):
-    """Rename the main graph's (single) input of the MindIR at ``path`` to ``name``, in place."""
+def rename_input(path, names):
+    """Rename the main graph's inputs of the MindIR at ``path`` to ``names`` (one name each), in place."""
     model = _model(path)
-    old = model.graph.input[0].name
+    names = [names] if isinstance(names, str) else list(names)
+    renamed = {model.graph.input[i].name: name for i, name in enumerate(names)}
     for graph in [model.graph, *model.functions]:
         for node in graph.node:
             for i, value in enumerate(node.input):
-                if value == old:
-                    node.input[i] = name
-    model.graph.input[0].name = name
+                if value in renamed:
+                    node.input[i] = renamed[value]
+    for i, name in enumerate(names):
+        model.graph.input[i].name = name
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+
+
+def collectives(path):
+    """``[{"op", "group", "rank_size"}]`` of a MindIR's communication primitives (AllReduce, AllGather, ...),
+    ``rank_size`` None where the primitive records none."""
+    out = []
+    for p in _model(path).primitives:
+        attrs = {a.name: a for a in p.attribute}
+        if "group" in attrs:
+            out.append({"op": p.op_type, "group": attrs["group"].s.decode(),
+                        "rank_size": attrs["rank_size"].i if "rank_size" in attrs else None})
+    return out
+
+
+def rename_group(path, old, new):
+    """Name the communication group ``old`` of every collective in the MindIR at ``path`` ``new``, in place."""
+    model = _model(path)
+    for p in model.primitives:
+        for a in p.attribute:
+            if a.name == "group" and a.s == old.encode():
+                a.s = new.encode()
     with open(path, "wb") as f:
         f.write(model.SerializeToString())
 

@@ -2,6 +2,10 @@
 
     python verify_on_device.py [KIT_FOLDER] [--device Ascend|CPU] [--calls N] [--lite MODEL.mindir]
 
+An expert-parallel export (``export --ep-size K``) is a folder of K rank kits whose graphs run together: start
+this script on every rank with msrun, as its ``manifest.json`` says (``verify_command``); rank r verifies
+``rank{r}/``.
+
 Needs only ``mindspore`` and ``numpy``: copy the kit folder to the NPU host and run it there. The MindIR is loaded
 with ``mindspore.load`` + ``nn.GraphCell`` (MindSpore's own runtime, GRAPH_MODE), fed every golden input, and each
 output compared with its golden output (float32, computed without intermediate rounding from exactly the weights
@@ -113,12 +117,16 @@ def _runner(kit, manifest, device, lite):
     import mindspore as ms  # noqa: PLC0415
     from mindspore import nn  # noqa: PLC0415
 
-    ms.set_device(device)
+    if ms.get_context("device_target") != device:
+        ms.set_device(device)
     ms.set_context(mode=ms.GRAPH_MODE)
     cell = nn.GraphCell(ms.load(os.path.join(kit, manifest["model_file"])))
 
-    def run(x):
-        return cell(ms.Tensor(x).astype(getattr(ms, dtype))).astype(ms.float32).asnumpy().astype(np.float64)
+    def run(x, tokens=None):
+        inputs = [ms.Tensor(x).astype(getattr(ms, dtype))]
+        if tokens is not None:  # an expert-parallel rank's own tokens: how many rows of x are real
+            inputs.append(ms.Tensor([tokens], ms.int32))
+        return cell(*inputs).astype(ms.float32).asnumpy().astype(np.float64)
 
     return run
 
@@ -137,11 +145,12 @@ def verify(kit, device="Ascend", calls=5, lite=None, out=print):
     for case in manifest["golden"]:
         x = np.load(os.path.join(kit, case["input"]["npy"]))
         want = np.load(os.path.join(kit, case["output"]["npy"]))
-        got = run(x)  # the first call compiles
+        tokens = case.get("tokens_input")
+        got = run(x, tokens) if tokens is not None else run(x)  # the first call compiles
         times = []
         for _ in range(calls):
             t0 = time.perf_counter()
-            run(x)
+            run(x, tokens) if tokens is not None else run(x)
             times.append((time.perf_counter() - t0) * 1e3)
         r = check(got, want, criterion, case.get("excluded_tokens", ()))
         failed += not r["ok"]
@@ -166,6 +175,21 @@ def main(argv=None):
     if not os.path.isfile(os.path.join(args.kit, "manifest.json")):
         print(f"verify_on_device: expected a kit folder with manifest.json, got {args.kit}", file=sys.stderr)
         return 2
+    with open(os.path.join(args.kit, "manifest.json")) as f:
+        ranks = json.load(f).get("ranks")
+    if ranks:  # an expert-parallel set: this process is one of its ranks
+        if "MS_WORKER_NUM" not in os.environ and "RANK_SIZE" not in os.environ:
+            print(f"verify_on_device: expected to run as one of {len(ranks)} ranks under msrun (manifest.json's "
+                  f"verify_command), got a single process", file=sys.stderr)
+            return 2
+        import mindspore as ms  # noqa: PLC0415
+        from mindspore.communication import get_rank, init  # noqa: PLC0415
+
+        ms.set_device(args.device)
+        init()
+        kit = os.path.join(args.kit, ranks[get_rank()]["kit"])
+        return verify(kit, args.device, max(args.calls, 0), args.lite,
+                      out=lambda line: print(f"rank {get_rank()}: {line}", flush=True))
     return verify(args.kit, args.device, max(args.calls, 0), args.lite)
 
 

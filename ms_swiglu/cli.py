@@ -21,6 +21,7 @@ from ms_swiglu.checkpoint.source import open_checkpoint
 from ms_swiglu.config import DTYPE_BYTES, DTYPE_NAMES, PRESETS
 from ms_swiglu import signals
 from ms_swiglu.errors import ArgumentParser, InputError
+from ms_swiglu.layout import DISPATCHES
 from ms_swiglu.outputs import check_writable
 from ms_swiglu.quant import names as quant_names
 from ms_swiglu.processes import scratch_cwd
@@ -62,20 +63,22 @@ def cmd_run(args):
     _count("--tokens", args.tokens)
     _count("--repeat", args.repeat)
     _count("--tp-size", args.tp_size)
+    _count("--ep-size", args.ep_size)
+    _one_split(args)
     if args.master_port is not None and not 1 <= args.master_port <= 65535:
         raise UsageError(f"--master-port: expected a port in 1..65535, got {args.master_port}")
     ckpt = open_checkpoint(args.checkpoint)
     config = ckpt.config
     config.check_layer(args.layer)
-    # converted files: every rank's file of one conversion with this --tp-size, holding the layer
-    ckpt.check([args.layer], args.tp_size, args.quantize)
+    # converted files: every rank's file of one conversion with this --tp-size (--ep-size), holding the layer
+    ckpt.check([args.layer], args.tp_size, args.quantize, args.ep_size)
     x = read_input(args.input, config.hidden_size) if args.input is not None else None
     check_fits("--input" if x is not None else "--tokens",
                layer_bytes(config, args.layer, x.size // config.hidden_size if x is not None else args.tokens))
     out = check_writable(args.output, args.force) if args.output is not None else None
     if x is None:
         x = np.random.default_rng(args.seed).standard_normal((args.tokens, config.hidden_size)).astype(np.float32)
-    if args.tp_size > 1:
+    if args.tp_size * args.ep_size > 1:
         from ms_swiglu.launch.msrun import launch  # noqa: PLC0415
 
         return launch(args, x, out)
@@ -85,10 +88,19 @@ def cmd_run(args):
     return 0
 
 
+def _one_split(args):
+    if args.tp_size > 1 and args.ep_size > 1:
+        raise UsageError(f"--tp-size, --ep-size: expected one of them 1 (expert parallelism beside tensor "
+                         f"parallelism is not supported), got {args.tp_size} and {args.ep_size}")
+
+
 def cmd_convert(args):
     _count("--tp-size", args.tp_size)
+    _count("--ep-size", args.ep_size)
+    _one_split(args)
     layers = None if args.layers is None else _layer_range(args.layers)
-    written, dtype = convert(args.checkpoint, args.output, layers=layers, tp_size=args.tp_size, dtype=args.dtype,
+    written, dtype = convert(args.checkpoint, args.output, layers=layers, tp_size=args.tp_size, ep_size=args.ep_size,
+                             dtype=args.dtype,
                              quant=args.quantize, force=args.force,
                              progress=lambda done, total: progress("convert", done, total, "layers"))
     what = f"{dtype}, projections {args.quantize}" if args.quantize else dtype
@@ -110,6 +122,9 @@ def _static_shape(spec):
 def cmd_export(args):
     from ms_swiglu.export.exporter import ExportRequest, export  # noqa: PLC0415
 
+    _count("--ep-size", args.ep_size)
+    if args.ep_size > 1 and args.layers is not None:
+        raise UsageError(f"--ep-size: expected --layer N (one MoE layer), got --layers {args.layers}")
     if args.checkpoint:
         ckpt = open_checkpoint(args.checkpoint)
         config = ckpt.config
@@ -120,7 +135,7 @@ def cmd_export(args):
         else:
             config.check_layer(args.layer)
             layers = range(args.layer, args.layer + 1)
-        ckpt.check(layers, 1, args.quantize)
+        ckpt.check(layers, 1, args.quantize, args.ep_size)
     else:
         if args.layer is not None:
             raise UsageError("export: expected --layers A-B (a stack of blocks) with --preset, got --layer")
@@ -138,6 +153,8 @@ def cmd_export(args):
                         preset=args.preset, seed=args.seed, layers=(layers.start, layers.stop - 1),
                         stack=args.layers is not None, dtype=args.dtype, force=args.force, air=args.air,
                         chip=args.chip, static_shape=static, quant=args.quantize)
+    if args.ep_size > 1:
+        return _export_ep(req, args)
     manifest = export(req)
     out = os.path.abspath(args.output_dir)
     checked = manifest["checked"]
@@ -150,6 +167,22 @@ def cmd_export(args):
     print(f"runtime paths with evidence for every op: {paths}")
     print(f"checked: graph (op types, straight-line), {golden}, device: {'yes' if checked['device'] else 'no'} "
           f"(on the device: python verify_on_device.py in {out})")
+    return 0
+
+
+def _export_ep(req, args):
+    from ms_swiglu.export.parallel import export_ep  # noqa: PLC0415
+
+    manifest = export_ep(req, args.ep_size, args.dispatch, args.master_port)
+    out = os.path.abspath(args.output_dir)
+    for r in manifest["ranks"]:
+        print(f"wrote {os.path.join(out, r['kit'], r['model_file'])} (rank {r['rank']} of {manifest['ep_size']}, "
+              f"{manifest['dispatch']} tokens, target {manifest['target']}, {manifest['dtype']})")
+    print(f"op types (rank 0): {', '.join(manifest['ranks'][0]['op_types'])}")
+    comm = manifest["communication"]
+    print(f"communication group: {comm['group']} ({comm['checked']})")
+    print(f"checked: graphs (op types, straight-line), each rank's golden outputs against the "
+          f"{manifest['ranks'][0]['checked']['golden']}; on the device, in {out}: {manifest['verify_command']}")
     return 0
 
 
@@ -172,15 +205,23 @@ def build_parser():
     run.add_argument("--repeat", type=int, default=3, help="timed calls after the compiling one")
     run.add_argument("--force", action="store_true", help="replace an existing --output")
     run.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, launched with msrun")
+    run.add_argument("--ep-size", type=int, default=1,
+                     help="expert-parallel ranks (each holds E/K routed experts whole), launched with msrun")
+    run.add_argument("--dispatch", choices=DISPATCHES, default="replicated",
+                     help="with --ep-size: every rank the same tokens (replicated), or rank r the r-th of K row "
+                          "blocks of the input (sharded)")
     run.add_argument("--master-port", type=int, help="msrun's port (default: a free one)")
     run.add_argument("--log-dir", help="msrun's log folder (default: a new temporary folder)")
     run.set_defaults(func=cmd_run)
 
     conv = sub.add_parser("convert", help="write packed (and tensor-parallel sharded) weights as safetensors")
     conv.add_argument("--checkpoint", required=True)
-    conv.add_argument("--output", required=True, help="FILE.safetensors; with --tp-size K: FILE-tp{r}-of-K")
+    conv.add_argument("--output", required=True, help="FILE.safetensors; with --tp-size K: FILE-tp{r}-of-K; with "
+                                                      "--ep-size K: FILE-ep{r}-of-K")
     conv.add_argument("--layers", help="A-B (default: all)")
     conv.add_argument("--tp-size", type=int, default=1)
+    conv.add_argument("--ep-size", type=int, default=1, help="one file per expert-parallel rank, with its E/K "
+                                                             "routed experts")
     conv.add_argument("--dtype", choices=DTYPE_NAMES, help="default: the checkpoint's")
     conv.add_argument("--quantize", choices=quant_names(),
                       help="int8: the projections weight-only int8 with a float32 scale per output row; "
@@ -204,9 +245,14 @@ def build_parser():
     exp.add_argument("--force", action="store_true", help="replace an earlier export in --output-dir")
     exp.add_argument("--air", action="store_true",
                      help="AIR for ATC instead of MindIR (Ascend hosts only; AIR is deprecated in MindSpore 2.10)")
+    exp.add_argument("--ep-size", type=int, default=1,
+                     help="one MindIR and kit per expert-parallel rank (exported under msrun), for --layer N")
+    exp.add_argument("--dispatch", choices=DISPATCHES, default="replicated",
+                     help="with --ep-size: every rank the same tokens, or each its own")
+    exp.add_argument("--master-port", type=int, help="with --ep-size: msrun's port (default: a free one)")
     exp.add_argument("--chip", choices=list(CHIPS), default=DEFAULT_CHIP.key,
-                     help="the Ascend chip family the kit is for (default atlas-a2); --target ascend takes the chips CANN "
-                          "documents its ops for (docs/ascend.md)")
+                     help="the Ascend chip family the kit is for (default atlas-a2); --target ascend takes the chips "
+                          "CANN documents its ops for (docs/ascend.md)")
     exp.set_defaults(func=cmd_export)
 
     sub.add_parser("bench", add_help=False, help="MLP variants against the machine's ceilings (see --help)")

@@ -8,6 +8,10 @@ from ms_swiglu.errors import InputError
 from ms_swiglu.packing import check_tp, shard_down, shard_packed
 from ms_swiglu.schema import SCALE, Split
 
+# How tokens meet an expert-parallel MoE block (the Cells: ms_swiglu.parallel.DISPATCH): the same tokens on every
+# rank, or each rank its own.
+DISPATCHES = ("replicated", "sharded")
+
 
 @dataclasses.dataclass(frozen=True)
 class ParallelLayout:
@@ -18,6 +22,24 @@ class ParallelLayout:
     tp_rank: int = 0
     ep_size: int = 1  # expert parallelism: rank ep_rank holds the routed experts [ep_rank E/K, (ep_rank + 1) E/K)
     ep_rank: int = 0
+
+    @classmethod
+    def of(cls, rank=0, tp_size=1, ep_size=1):
+        """The layout of world rank ``rank`` with ``tp_size`` tensor-parallel or ``ep_size`` expert-parallel ranks
+        (one of them 1: the two are not combined)."""
+        if tp_size > 1 and ep_size > 1:
+            raise InputError(f"tp_size, ep_size: expected one of them 1 (expert parallelism beside tensor "
+                             f"parallelism is not supported), got {tp_size} and {ep_size}")
+        return cls(tp_size, rank if tp_size > 1 else 0, ep_size, rank if ep_size > 1 else 0)
+
+    @property
+    def world_size(self):
+        return self.tp_size * self.ep_size
+
+    @property
+    def rank(self):
+        """The world rank."""
+        return self.tp_rank + self.tp_size * self.ep_rank
 
     def experts(self, num_experts):
         """The routed experts this rank holds, a range (all of them without expert parallelism)."""

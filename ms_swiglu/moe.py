@@ -1,11 +1,14 @@
 """Mixture-of-experts blocks with stacked, packed experts (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3).
 
 Shape legend: T = tokens (any leading dims), H = hidden_size, I = intermediate_size (per expert), E = num_experts,
-k = top_k, p = tp_size, I_s = shared_intermediate_size.
+k = top_k, p = tp_size, K = ep_size, I_s = shared_intermediate_size.
 
-    weights, ids = router(x)                               # [T, H] -> [T, k] float32, [T, k] int32
-    out = experts(x, ids, weights)                         # sum_j weights[t, j] * expert_ids[t, j](x[t])
+    xs, valid = dispatch.gather(x, tokens)                 # [T, H]; sharded expert parallelism: [K T, H]
+    weights, ids = router(xs)                              # -> [T, k] float32, [T, k] int32
+    ids = dispatch.local(ids, valid)                       # expert parallelism: this rank's experts, -1 others'
+    out = dispatch.combine(experts(xs, ids, weights))      # sum_j weights[t, j] * expert_ids[t, j](x[t])
     out += [sigmoid(shared_expert_gate(x)) *] shared_expert(x)      # Qwen2-MoE (gated), DeepSeek-V3
+    out = reduce(out)                                      # tensor parallelism: AllReduce
 """
 import mindspore as ms
 from mindspore import nn, ops
@@ -20,7 +23,7 @@ from ms_swiglu.errors import InputError
 from ms_swiglu.linear import Dense
 from ms_swiglu.mlp import PackedSwiGLUMLP
 from ms_swiglu.packing import check_tp
-from ms_swiglu.parallel import reduce_cell
+from ms_swiglu.parallel import dispatch_cell, reduce_cell
 from ms_swiglu.routing import router_config
 
 
@@ -34,10 +37,10 @@ class StackedExperts(nn.Cell):
         gate_up_proj: [E, 2I/p, H] (each expert [gate_e; up_e])    down_proj: [E, H, I/p]   (as the op stores them)
     """
 
-    def __init__(self, hidden_size, intermediate_size, num_experts, *, dtype, backend, quant=None):
+    def __init__(self, hidden_size, intermediate_size, num_experts, *, dtype, backend, quant=None, partial=False):
         super().__init__()
         method = formats.get(quant)
-        self.op = backend.experts(dtype, method)
+        self.op = backend.experts(dtype, method, partial)  # partial: ids -1 (another rank's experts) add nothing
         for name, shape in (("gate_up_proj", (num_experts, 2 * intermediate_size, hidden_size)),
                             ("down_proj", (num_experts, hidden_size, intermediate_size))):
             method.create_weights(self, name, shape, dtype, stored=self.store(shape))  # and {name}_scale
@@ -64,21 +67,33 @@ class PackedMoE(TokenCell):
     ``routed_scaling_factor``) name one. ``shared_intermediate_size`` > 0 adds a shared
     expert (a :class:`PackedSwiGLUMLP` on every token), scaled by ``sigmoid(shared_expert_gate(x))`` with
     ``shared_expert_gate`` (Qwen2-MoE). With ``tp_size`` p > 1 every expert (shared too) holds its rank's
-    ``[gate_r; up_r]`` and ``down[:, r]``, and one AllReduce sums the block. ``quant="int8"``: the experts (and
-    the shared expert) weight-only int8, ``experts.*_scale`` [E, 2I/p] and [E, H]; the router stays float.
+    ``[gate_r; up_r]`` and ``down[:, r]``, and one AllReduce sums the block. With ``ep_size`` K > 1 (expert
+    parallelism) rank ``ep_rank`` holds the routed experts ``[r E/K, (r + 1) E/K)`` whole, the router and the
+    shared expert replicated; ``dispatch`` says how tokens meet them (``ms_swiglu.parallel``): "replicated" (the
+    same tokens on every rank; one AllReduce) or "sharded" (each rank its own ``x``, padded to the job's row
+    count, with ``tokens`` [1] int32 real rows; an AllGather and an AllReduce). ``quant="int8"``: the experts
+    (and the shared expert) weight-only int8, ``experts.*_scale`` [E, 2I/p] and [E, H]; the router stays float.
+
+    Inputs:
+        x (Tensor): [..., H] in the block's dtype.
+        tokens (Tensor, optional): [1] int32, the real rows of ``x`` (sharded dispatch only; default all).
+    Outputs:
+        Tensor [..., H]: the block's output (sharded dispatch: padded rows are zeros).
+    Supported Platforms:
+        ``CPU`` ``Ascend``
 
     Shapes:
         x:                       [T, H]  (any leading dims)
         router.weight:           [E, H]  (replicated)
-        experts.gate_up_proj:    [E, 2I/p, H]
-        experts.down_proj:       [E, H, I/p]
+        experts.gate_up_proj:    [E/K, 2I/p, H]
+        experts.down_proj:       [E/K, H, I/p]
         shared_expert.*:         [2 I_s/p, H], [H, I_s/p];  shared_expert_gate.weight: [1, H]
         out:                     [T, H]
     """
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, *, dtype=ms.float32, backend="auto",
                  router=None, tp_size=1, shared_intermediate_size=0, shared_expert_gate=False, quant=None,
-                 scoring="softmax", **router_options):
+                 ep_size=1, ep_rank=0, dispatch="replicated", scoring="softmax", **router_options):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise InputError(f"top_k: expected 1..num_experts ({num_experts}), got {top_k}")
@@ -87,14 +102,18 @@ class PackedMoE(TokenCell):
                              f"{scoring}, {sorted(router_options)})")
         router = router or router_config(scoring, **router_options)
         check_tp(intermediate_size, tp_size)
+        if tp_size > 1 and ep_size > 1:
+            raise InputError(f"tp_size, ep_size: expected one of them 1 (expert parallelism beside tensor "
+                             f"parallelism is not supported), got {tp_size} and {ep_size}")
+        self.dispatch = dispatch_cell(num_experts, ep_size, ep_rank, dispatch)
         self.compute_dtype = dtype = to_dtype(dtype)
         method = formats.get(quant)
         self.backend, self.quant = resolve(backend), formats.name(method)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.top_k = num_experts, top_k
         self.router = router.build(hidden_size, num_experts, top_k, dtype=dtype, backend=self.backend)
-        self.experts = StackedExperts(hidden_size, intermediate_size // tp_size, num_experts, dtype=dtype,
-                                      backend=self.backend, quant=method)
+        self.experts = StackedExperts(hidden_size, intermediate_size // tp_size, num_experts // ep_size, dtype=dtype,
+                                      backend=self.backend, quant=method, partial=ep_size > 1)
         self.shared_expert = self.shared_expert_gate = None
         if shared_intermediate_size:
             check_tp(shared_intermediate_size, tp_size)
@@ -105,12 +124,21 @@ class PackedMoE(TokenCell):
         self.upcast = cpu_upcast(dtype, self.backend)
         self.reduce = reduce_cell(tp_size)
 
-    def construct(self, x):
+    def __call__(self, *args, **kwargs):
+        x = args[0] if args else kwargs.get("x")
+        if self.dispatch.own_tokens and isinstance(x, ms.Tensor) and 0 in x.shape[:-1]:
+            raise InputError(f"x: expected this rank's tokens padded to the job's row count (at least 1: every rank "
+                             f"joins the collectives), got shape {list(x.shape)}")
+        return super().__call__(*args, **kwargs)
+
+    def construct(self, x, tokens=None):
         shape, dtype = ops.shape(x), x.dtype
         if len(shape) != 2:
             x = _reshape(x, (-1, shape[-1]), self.upcast)  # [..., H] -> [T, H]
-        weights, ids = self.router(x)  # [T, k] float32, [T, k] int32
-        out = self.experts(x, ids, weights)  # [T, H]
+        xs, valid = self.dispatch.gather(x, tokens)  # [T, H] (sharded: [K T, H], [K T] bool)
+        weights, ids = self.router(xs)  # [T, k] float32, [T, k] int32
+        ids = self.dispatch.local(ids, valid)  # expert parallelism: this rank's, -1 for others'
+        out = self.dispatch.combine(self.experts(xs, ids, weights))  # [T, H]
         if self.shared_expert is not None:
             shared = self.shared_expert(x)  # [T, H]
             if self.shared_expert_gate is not None:

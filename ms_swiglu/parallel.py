@@ -1,5 +1,5 @@
-"""Tensor parallelism for the packed MLP and the MoE experts (not run on Ascend hardware here: HCCL on Ascend,
-mccl between CPU processes here; both through ``mindspore.communication``).
+"""Tensor and expert parallelism for the packed MLP and the MoE blocks (HCCL on Ascend, mccl between CPU
+processes; both through ``mindspore.communication``).
 
 Rank r of p holds the column-parallel block ``[gate_r; up_r]`` of ``gate_up`` ([2I/p, H]) and the row-parallel
 block ``down[:, r]`` ([H, I/p]); it computes ``SiLU(x W_gate,r) * (x W_up,r) W_down,r`` locally, and one
@@ -11,21 +11,36 @@ from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
 from ms_swiglu.errors import InputError
+from ms_swiglu.layout import DISPATCHES
 
 
-class AllReduceSum(nn.Cell):
-    """Sums a tensor over the ranks of the world group. Shapes: [T, H] -> [T, H]. bfloat16 is summed in float32
-    on a CPU device (its AllReduce has float32 and float16 kernels only), and rounded once."""
+class _Collective(nn.Cell):
+    """A collective over the world group. bfloat16 travels as float32 on a CPU device (its collectives have
+    float32 and float16 kernels only), rounded once on the way back."""
 
-    def __init__(self):
+    def __init__(self, op):
         super().__init__()
-        self.all_reduce = ops.AllReduce()
+        self.op = op
         self.widen_bf16 = ms.get_context("device_target") == "CPU"
 
     def construct(self, x):
         if self.widen_bf16 and x.dtype == mstype.bfloat16:
-            return self.all_reduce(x.astype(mstype.float32)).astype(x.dtype)
-        return self.all_reduce(x)
+            return self.op(x.astype(mstype.float32)).astype(x.dtype)
+        return self.op(x)
+
+
+class AllReduceSum(_Collective):
+    """Sums a tensor over the ranks. Shapes: [T, H] -> [T, H]."""
+
+    def __init__(self):
+        super().__init__(ops.AllReduce())
+
+
+class AllGatherRows(_Collective):
+    """The rows of a tensor from every rank, rank 0's first: [T, ...] -> [K T, ...] (equal T on every rank)."""
+
+    def __init__(self):
+        super().__init__(ops.AllGather())
 
 
 def reduce_cell(tp_size):
@@ -33,12 +48,109 @@ def reduce_cell(tp_size):
     return AllReduceSum() if tp_size > 1 else nn.Identity()
 
 
-def init(tp_size):
+class Dispatch(nn.Cell):
+    """How a MoE block's tokens meet its routed experts (``PackedMoE``): every expert on this rank, no
+    communication. The expert-parallel dispatchers below change the three steps around the same experts Cell:
+
+        xs, valid = dispatch.gather(x, tokens)   # the tokens this rank's experts see: [T, H] (or [K T, H])
+        ids = dispatch.local(ids, valid)         # global expert ids -> this rank's, -1 for another rank's
+        out = dispatch.combine(experts(xs, ids, weights))    # each token's sum over every rank: [T, H]
+    """
+
+    name = "local"
+    own_tokens = False  # each rank brings its own tokens (and joins the collectives even with none)
+
+    def gather(self, x, tokens):  # noqa: ARG002 -- ``tokens``: the sharded dispatcher's
+        return x, None
+
+    def local(self, ids, valid):  # noqa: ARG002
+        return ids
+
+    def combine(self, out):
+        return out
+
+
+class ReplicatedTokens(Dispatch):
+    """Expert parallelism, the same tokens on every rank (as in tensor parallelism): rank r routes every token,
+    computes the rows of its experts ``[r E/K, (r + 1) E/K)`` only, and one AllReduce sums the K partial outputs.
+    Traffic per rank: the AllReduce of [T, H]."""
+
+    name = "replicated"
+
+    def __init__(self, num_experts, ep_size, ep_rank):
+        super().__init__()
+        self.count = num_experts // ep_size
+        self.first = ms.Tensor(ep_rank * self.count, mstype.int32)
+        self.reduce = AllReduceSum()
+
+    def local(self, ids, valid):
+        local = ids - self.first  # [R, k] int32
+        mine = ops.logical_and(local >= 0, local < self.count)
+        if valid is not None:  # padded rows: on no rank
+            mine = ops.logical_and(mine, valid.expand_dims(-1))
+        return (local + 1) * mine.astype(mstype.int32) - 1  # this rank's index, or -1
+
+    def combine(self, out):
+        return self.reduce(out)
+
+
+class ShardedTokens(ReplicatedTokens):
+    """Expert parallelism, each rank with its own tokens (data-parallel attention): every rank's tokens are
+    gathered (one AllGather of [T, H], with T the job's row count: each rank pads its own tokens to it, and says
+    how many are real in ``tokens`` [1] int32, gathered too), routed on every rank by the replicated router,
+    rank r computes its experts' rows of all of them, one AllReduce of [K T, H] sums the partial outputs, and
+    rank r keeps its own T rows. Only AllGather and AllReduce: the collectives MindSpore's CPU backend runs.
+    Padded rows go to no expert and come back as zeros; a rank with no tokens still joins every collective."""
+
+    name = "sharded"
+    own_tokens = True
+
+    def __init__(self, num_experts, ep_size, ep_rank):
+        super().__init__(num_experts, ep_size, ep_rank)
+        self.ep_size, self.rank = ep_size, ms.Tensor([ep_rank], mstype.int32)
+        self.gather_rows, self.gather_counts = AllGatherRows(), ops.AllGather()
+
+    def gather(self, x, tokens):
+        rows = ops.shape(x)[0]
+        if tokens is None:  # every row real on every rank
+            tokens = ops.fill(mstype.int32, (1,), rows)
+        counts = self.gather_counts(tokens.astype(mstype.int32).reshape(1))  # [K]: each rank's real rows
+        valid = ops.arange(rows, dtype=mstype.int32).expand_dims(0) < counts.expand_dims(-1)  # [K, T]
+        return self.gather_rows(x), valid.reshape(-1)  # [K T, H], [K T]
+
+    def combine(self, out):
+        dtype = out.dtype
+        if self.reduce.widen_bf16 and dtype == mstype.bfloat16:  # the CPU has no bfloat16 Reshape
+            out = out.astype(mstype.float32)
+        out = self.reduce(out)  # [K T, H]: every token's sum over the ranks' experts
+        rows = out.reshape(self.ep_size, -1, ops.shape(out)[-1])  # [K, T, H]
+        return ops.gather(rows, self.rank, 0).squeeze(0).astype(dtype)  # this rank's own rows: [T, H]
+
+
+DISPATCH = {cls.name: cls for cls in (ReplicatedTokens, ShardedTokens)}
+assert tuple(DISPATCH) == DISPATCHES, "ms_swiglu.layout.DISPATCHES names the dispatchers the CLI offers"
+
+
+def dispatch_cell(num_experts, ep_size=1, ep_rank=0, tokens="replicated"):
+    """The :class:`Dispatch` of a MoE block with ``ep_size`` expert-parallel ranks; ``tokens``: "replicated"
+    (every rank has the same tokens) or "sharded" (each its own)."""
+    if tokens not in DISPATCH:
+        raise InputError(f"dispatch: expected one of {', '.join(DISPATCH)}, got {tokens!r}")
+    if not isinstance(ep_size, int) or ep_size < 1 or num_experts % ep_size:
+        raise InputError(f"ep_size: expected a positive divisor of the number of experts {num_experts}, got "
+                         f"{ep_size}")
+    if not isinstance(ep_rank, int) or not 0 <= ep_rank < ep_size:
+        raise InputError(f"ep_rank: expected 0..{ep_size - 1}, got {ep_rank}")
+    return Dispatch() if ep_size == 1 else DISPATCH[tokens](num_experts, ep_size, ep_rank)
+
+
+def init(world_size):
     """Join the launched group (msrun sets the environment) and return this process's rank."""
     from mindspore.communication import get_group_size, get_rank  # noqa: PLC0415
     from mindspore.communication import init as init_comm  # noqa: PLC0415
 
     init_comm()
-    if get_group_size() != tp_size:
-        raise InputError(f"tp_size: expected the launched world size {get_group_size()}, got {tp_size}")
+    if get_group_size() != world_size:
+        raise InputError(f"world size: expected the launched world size {get_group_size()}, got {world_size} "
+                         f"(tp_size x ep_size)")
     return get_rank()

@@ -81,11 +81,13 @@ def _save(path, array):
 
 
 def run_layer(checkpoint, layer, x, *, dtype=None, backend="auto", repeat=3, tp_size=1, output=None,
-              force=False, quant=None):
+              force=False, quant=None, ep_size=1, dispatch="replicated"):
     """Build the layer's FFN of ``checkpoint`` (a path or an open checkpoint, ``ms_swiglu.checkpoint.open_checkpoint``;
-    this rank's part of it, having joined the launched group when tp_size > 1), run
+    this rank's part of it, having joined the launched group when tp_size or ep_size > 1), run
     it on ``x`` [..., H], print the result line and, on rank 0, write the output as float32 ``.npy``. A backend
-    without dynamic shapes (akg) is compiled for the shape of ``x``."""
+    without dynamic shapes (akg) is compiled for the shape of ``x``. With ``ep_size`` K > 1 and ``dispatch``
+    "sharded", rank r takes the r-th of K contiguous row blocks of ``x`` as its own tokens, and rank 0 gathers
+    every rank's output rows in the input's order."""
     import mindspore as ms  # noqa: PLC0415 -- after the input checks: importing MindSpore takes seconds
 
     from ms_swiglu.backends import resolve  # noqa: PLC0415
@@ -100,36 +102,100 @@ def run_layer(checkpoint, layer, x, *, dtype=None, backend="auto", repeat=3, tp_
     if not backend.runs_on(device):
         raise InputError(f"--backend {backend.name}: expected a backend that runs on this machine's device "
                          f"{device}, got one for {backend.device}")
-    rank = 0
-    if tp_size > 1:
-        from ms_swiglu import parallel  # noqa: PLC0415
+    from ms_swiglu import parallel  # noqa: PLC0415
 
-        rank = parallel.init(tp_size)
+    rank = parallel.init(tp_size * ep_size) if tp_size * ep_size > 1 else 0
     checkpoint = open_checkpoint(checkpoint)
     config = checkpoint.config
-    mlp = load_block(checkpoint, layer, dtype=dtype, backend=backend, tp_size=tp_size, rank=rank, quant=quant)
+    mlp = load_block(checkpoint, layer, dtype=dtype, backend=backend, tp_size=tp_size, rank=rank, quant=quant,
+                     ep_size=ep_size, dispatch=dispatch)
     ms_dtype = param_dtype(mlp)
+    moe = config.is_moe_layer(layer)  # (a dense layer of an expert-parallel job: whole on every rank)
+    if ep_size > 1 and parallel.DISPATCH[dispatch].own_tokens:
+        call = _ShardedCall(mlp, x, ep_size, rank, moe)
+    else:
+        call = _WholeCall(mlp, x)
     if backend.dynamic_shapes:
-        mlp.set_inputs(ms.Tensor(shape=[None] * (x.ndim - 1) + [config.hidden_size], dtype=ms_dtype))
-    xt = ms.Tensor(x).astype(ms_dtype)
-    y = mlp(xt)  # compiles
+        mlp.set_inputs(*call.inputs(ms_dtype))
+    y = call(ms_dtype)  # compiles
     signals.pause_point("graph")
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        y = mlp(xt)
+        y = call(ms_dtype)
         times.append((time.perf_counter() - t0) * 1e3)
-    y = y.astype(ms.float32).asnumpy()
+    y = call.output(y)
     if rank != 0:
         return y
     block = f"MoE {config.num_local_experts} experts top-{config.num_experts_per_tok}" if config.is_moe_layer(
         layer) else "MLP"
-    tp = f", tp {tp_size}" if tp_size > 1 else ""
+    split = f", tp {tp_size}" if tp_size > 1 else f", ep {ep_size} ({dispatch} tokens)" if ep_size > 1 else ""
     weights = f", weights {mlp.quant}" if mlp.quant else ""
-    print(f"device {device}{tp}, backend {mlp.backend.name}, dtype {str(ms_dtype).lower()}{weights}, {block} "
+    print(f"device {device}{split}, backend {mlp.backend.name}, dtype {str(ms_dtype).lower()}{weights}, {block} "
           f"layer {layer} of {config.model_type}, input {list(x.shape)} -> output {list(y.shape)}, latency "
           f"{statistics.median(times):.3f} ms (median of {repeat}, min {min(times):.3f})", flush=True)
     if output:
         save_npy(output, y, force)
         print(f"wrote {output}", flush=True)
     return y
+
+
+class _WholeCall:
+    """The block on all of ``x`` (every rank the same tokens)."""
+
+    def __init__(self, mlp, x):
+        self.mlp, self.x = mlp, x
+
+    def inputs(self, dtype):
+        import mindspore as ms  # noqa: PLC0415
+
+        return (ms.Tensor(shape=[None] * (self.x.ndim - 1) + [self.x.shape[-1]], dtype=dtype),)
+
+    def __call__(self, dtype):
+        import mindspore as ms  # noqa: PLC0415
+
+        return self.mlp(ms.Tensor(self.x).astype(dtype))
+
+    def output(self, y):
+        import mindspore as ms  # noqa: PLC0415
+
+        return y.astype(ms.float32).asnumpy()
+
+
+class _ShardedCall(_WholeCall):
+    """Rank ``rank`` of ``ep_size`` on its own tokens: the r-th of K contiguous row blocks of ``x`` [..., H],
+    padded to the largest block (at least 1 row, so that every rank joins the collectives); the output rows of
+    every rank are gathered (AllGather) and put back in the input's order. A dense layer computes its own rows
+    alone."""
+
+    def __init__(self, mlp, x, ep_size, rank, moe):
+        super().__init__(mlp, x)
+        from ms_swiglu.parallel import AllGatherRows  # noqa: PLC0415
+
+        self.shape, flat = x.shape, x.reshape(-1, x.shape[-1])
+        self.blocks = np.array_split(np.arange(flat.shape[0]), ep_size)
+        self.rows = max(1, max(len(b) for b in self.blocks))  # every rank's row count: the largest block
+        mine = self.blocks[rank]
+        self.own = np.zeros((self.rows, flat.shape[1]), np.float32)
+        self.own[:len(mine)] = flat[mine]
+        self.count, self.moe = len(mine), moe  # a MoE block takes the count of real rows
+        self.gather = AllGatherRows()
+
+    def inputs(self, dtype):
+        import mindspore as ms  # noqa: PLC0415
+
+        x = ms.Tensor(shape=[None, self.shape[-1]], dtype=dtype)
+        return (x, ms.Tensor(shape=[1], dtype=ms.int32)) if self.moe else (x,)
+
+    def __call__(self, dtype):
+        import mindspore as ms  # noqa: PLC0415
+
+        x = ms.Tensor(self.own).astype(dtype)
+        return self.mlp(x, ms.Tensor([self.count], ms.int32)) if self.moe else self.mlp(x)  # [T_pad, H]
+
+    def output(self, y):
+        import mindspore as ms  # noqa: PLC0415
+
+        rows = self.gather(y.astype(ms.float32)).asnumpy().reshape(len(self.blocks), self.rows, -1)  # [K, T_pad, H]
+        out = np.concatenate([rows[r, :len(b)] for r, b in enumerate(self.blocks)])
+        return out.reshape(self.shape)

@@ -267,6 +267,7 @@ def tp_failure(tp_ckpt, tmp_path_factory):
         os.utime(jobs / name, (i, i))
     (jobs / KILLED_JOB).mkdir()
     (jobs / KILLED_JOB / "input.npy").write_bytes(b"")
+    (jobs / KILLED_JOB / "running").write_bytes(b"")  # what a job leaves until it ends
     r = subprocess.run(FAULTY_TP + ["run", "--checkpoint", tp_ckpt[0], "--layer", "0", "--input", str(root / "x.npy"),
                                     "--output", str(root / "y.npy"), "--tp-size", "2"], capture_output=True,
                        text=True, timeout=600, env=dict(os.environ, TMPDIR=str(root / "tmp"), TP_FAULT_RANK="1"))

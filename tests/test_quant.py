@@ -516,7 +516,8 @@ def test_run_checks_every_rank_file_before_the_ranks_start(ckpt, tmp_path):
         return r.stderr
 
     shutil.copy(tmp_path / "a-tp0-of-2.safetensors", tmp_path / "m-tp0-of-2.safetensors")
-    assert f"expected a converted file {tmp_path / 'm-tp1-of-2.safetensors'}, found none" in run("m")
+    assert (f"expected a converted file {tmp_path / 'm-tp1-of-2.safetensors'} (--tp-size 2), found only "
+            f"m-tp0-of-2.safetensors") in run("m")
     shutil.copy(tmp_path / "b-tp1-of-2.safetensors", tmp_path / "m-tp1-of-2.safetensors")  # another conversion
     err = run("m")
     assert "m-tp1-of-2.safetensors: expected a file of the conversion that wrote" in err and "got one of set" in err

@@ -31,6 +31,7 @@ TOOLS = {  # tool: (what runs it, the fields its JSON has beside machine and dat
     "bench_quant": ("python -m ms_swiglu.tools.bench_quant", ("speed",)),
     "bench_moe": ("python -m ms_swiglu.tools.bench_moe", ("backend", "results")),
     "bench_convert": ("python -m ms_swiglu.tools.bench_convert", ("args", "results")),
+    "bench_ep": ("python -m ms_swiglu.tools.bench_ep", ("ranks", "results")),
 }
 RECORD = "python -m ms_swiglu.tools.docs --record TOOL FILE.json"
 
@@ -255,8 +256,36 @@ def convert_tables(data):
                    for c in data["results"]])]
 
 
+def ep_tables(data):
+    """bench_ep: per shape each rank's weights against one process and the goal (the routed experts / K plus the
+    replicated parts); per (shape, T) the medians of tensor and expert parallelism over the same ranks, their
+    ratio paired by round, the rows each rank's experts computed, and the bytes per token against the minimum."""
+    mib = lambda b: f"{b / 2**20:.0f}"  # noqa: E731
+    weights = [[r["shape"], r["ranks"], mib(m["single_process"]), mib(m["ep"]), _pct(m["ep"] / m["single_process"], 1),
+                mib(m["goal"]), _pct(m["goal"] / m["single_process"], 1), mib(m["tp"])]
+               for r in data["results"] for m in (r["memory"],)]
+    runs = []
+    for r in data["results"]:
+        for c in r["results"]:
+            t, b = c["times"], c["bytes_per_token"]
+            runs.append([r["shape"], c["tokens"], *(_ms(t[v]["median_s"] * 1e3) for v in ("tp", "ep-replicated",
+                                                                                         "ep-sharded")),
+                         _x(c["ep_over_tp"]["ep-replicated"]), _x(c["ep_over_tp"]["ep-sharded"]),
+                         " / ".join(map(str, c["rows_per_rank"])), f"{b['minimum']:.0f}",
+                         f"{b['ep_replicated']:.0f} ({b['ep_replicated'] / b['minimum']:.2f}x)",
+                         f"{b['ep_sharded']:.0f} ({b['ep_sharded'] / b['minimum']:.2f}x)"])
+    return [table([("shape", False, False), ("ranks", True, False), ("one process MiB", True, False),
+                   ("ep rank MiB", True, False), ("of one process", True, False), ("goal MiB", True, False),
+                   ("goal of one process", True, False), ("tp rank MiB", True, False)], weights),
+            table([("shape", False, False), ("T", True, False), ("tp ms", True, False),
+                   ("ep replicated ms", True, False), ("ep sharded ms", True, False),
+                   ("replicated / tp (paired)", True, False), ("sharded / tp (paired)", True, False),
+                   ("rows per rank", False, False), ("minimum bytes/token", True, False),
+                   ("replicated bytes/token", True, False), ("sharded bytes/token", True, False)], runs)]
+
+
 TABLES = {"bench_mlp": mlp_tables, "bench_quant": quant_tables, "bench_moe": moe_tables,
-          "bench_convert": convert_tables}
+          "bench_convert": convert_tables, "bench_ep": ep_tables}
 
 
 def settings(tool, data):
@@ -272,6 +301,9 @@ def settings(tool, data):
     a = data.get("args", {})
     if tool == "bench_convert":
         return f"--hidden {a['hidden']} --inter {a['inter']} --experts {a['experts']} --layers {a['layers']}"
+    if tool == "bench_ep":
+        return (f"--ranks {data['ranks']} --rounds {a.get('rounds')} ({data['dtype']}; the ranks share the host's "
+                f"cores; rows per rank under random router weights; bytes at the dtype, ring collectives)")
     return f"--backend {data['backend']} --rounds {a.get('rounds')}"
 
 

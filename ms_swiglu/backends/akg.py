@@ -68,7 +68,7 @@ BACKEND = Backend(
     summary="MindSpore's MatMul, then a hybrid-DSL SwiGLU kernel compiled by AKG (static shapes)",
     swiglu=_op,
     linear=lambda dtype, swiglu, quant: MatMulLinear(BACKEND, dtype, swiglu, quant),
-    experts=lambda dtype, quant: DenseExperts(BACKEND, dtype, quant),
+    experts=lambda dtype, quant, partial=False: DenseExperts(BACKEND, dtype, quant),
     rms_norm=RMSNormOp,
     add=AddOp,
     device="CPU",

@@ -22,7 +22,10 @@ ASCEND_OPS = frozenset({
     # the MoE block: the routers (softmax / sigmoid group top-k) and the grouped experts
     "BroadcastTo", "Div", "ExpandDims", "GatherD", "Greater", "LogicalNot", "MaskedFill", "Muls", "OneHot",
     "Sigmoid", "Softmax", "Sort", "StridedSlice", "SumExt", "TopK",
-    "MoeInitRoutingV2", "GroupedMatmulV4", "InnerMoeTokenUnpermute"})
+    "MoeInitRoutingV2", "GroupedMatmulV4", "InnerMoeTokenUnpermute",
+    # expert parallelism: the dispatchers (ms_swiglu.parallel) and the experts' sink group
+    "AllReduce", "AllGather", "Sub", "GreaterEqual", "Less", "LessScalar", "LogicalAnd", "Gather", "Squeeze",
+    "Range", "ScalarToTensor", "TensorToScalar", "NanToNum"})
 
 
 def swiglu(x):
@@ -83,6 +86,11 @@ class GroupedExperts(ExpertsOp):
     GroupedMatmulV4 computes x W_e with W_e [in, out] and has no transpose, so this backend stores the stacked
     weights [E, H, 2I] and [E, I, H] (``in_out``).
 
+    ``partial`` (expert parallelism): a slot with id -1 belongs to another rank's expert. MoeInitRoutingV2 takes ids
+    in [0, E) only, so those slots go to a sink group E with weight 0: the grouped matmuls run the first E groups'
+    rows (``counts[:E]``), the sink rows hold whatever the output buffer held (zeroed by NanToNum before their
+    weight 0 multiplies them), as mindformers' all-gather dispatcher does.
+
     Shapes:
         x: [T, H]    ids: [T, k] int32    weights: [T, k] float32
         w_gate_up: [E, H, 2I] (columns [gate_e | up_e])    w_down: [E, I, H]    out: [T, H]
@@ -90,9 +98,10 @@ class GroupedExperts(ExpertsOp):
 
     in_out = True
 
-    def __init__(self, dtype, quant):
+    def __init__(self, dtype, quant, partial=False):
         super().__init__()
         _check_quant(dtype, quant)
+        self.partial = partial
         if quant.group:
             raise InputError(f"backend ascend, MoE experts: expected quant int8 (per-channel scales), got "
                              f"{quant.name}; "
@@ -101,8 +110,16 @@ class GroupedExperts(ExpertsOp):
 
     def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None):
         experts = ops.shape(w_gate_up)[0]
+        groups = experts
+        if self.partial:  # another rank's slots (-1) -> the sink group E, weight 0
+            elsewhere = ids < 0
+            ids = ids + elsewhere.astype(ms.int32) * (experts + 1)
+            weights = ops.masked_fill(weights, elsewhere, 0.0)
+            groups = experts + 1
         # dropless (drop_pad_mode 0, active_num 0): rows [T k, H] by expert; counts (flag 2) per expert
-        rows, row_idx, counts, _ = self.init_routing(x, ids, 0, 0, experts, 0, 2, False)
+        rows, row_idx, counts, _ = self.init_routing(x, ids, 0, 0, groups, 0, 2, False)
+        if self.partial:
+            counts = counts[:experts]  # the sink's rows are not computed
         counts = counts.astype(ms.int64)  # GroupedMatmulV4's group_list; group_list_type 1: counts
         a_gate_up = None if s_gate_up is None else [s_gate_up.astype(x.dtype)]  # int8: antiquant scales
         a_down = None if s_down is None else [s_down.astype(x.dtype)]
@@ -111,6 +128,8 @@ class GroupedExperts(ExpertsOp):
         h = ops.swiglu(h, -1)  # [T k, I]
         y = self.gmm([h], [w_down], None, None, None, a_down, None, None, counts, split_item=3, group_type=0,
                      group_list_type=1)[0]  # [T k, H]
+        if self.partial:
+            y = ops.nan_to_num(y, 0.0, 0.0, 0.0)  # the sink rows: never computed
         # probs in the activation dtype: with float32 probs the op would cast [T k, H] to float32 and back
         return self.unpermute(y, row_idx, weights.astype(y.dtype))  # [T, H]
 

@@ -65,6 +65,19 @@ SUPPORT = {s.op: s for s in (
               _DOCS.format("aclnnMoeTokenUnpermute", "aclnnMoeTokenUnpermute"),
               mindspore=f"{OPS_ASCEND}: moe_token_unpermute::InnerMoeTokenUnpermuteAscend (aclnnMoeTokenUnpermute)",
               note="top_k <= 512; 310P is listed as not supported"),
+    # expert parallelism (``export --ep-size``): the dispatchers' collectives and the experts' sink group
+    OpSupport("AllReduce", {A2: ALL, A3: ALL}, "CANN HCCL API reference (hiascend.com, HcclAllReduce)",
+              mindspore=f"{OPS_ASCEND}: kernel::HcomAllReduceKernel (HCCL)",
+              ge=f"{GE_ADAPTERS}: OpAdapter<HcomAllReduce>",
+              note="sum; the world group hccl_world_group; not run under HCCL by this package's checks"),
+    OpSupport("AllGather", {A2: ALL, A3: ALL}, "CANN HCCL API reference (hiascend.com, HcclAllGather)",
+              mindspore=f"{OPS_ASCEND}: kernel::HcomAllGatherKernel (HCCL)",
+              ge=f"{GE_ADAPTERS}: OpAdapter<HcomAllGather>",
+              note="sharded tokens: every rank's rows and counts, equal sizes (padded)"),
+    OpSupport("NanToNum", {A2: ALL, A3: ALL}, _DOCS.format("aclnnNanToNum", "aclnnNanToNum"),
+              mindspore=f"{OPS_ASCEND}: nan_to_num::NanToNumAscend (aclnnNanToNum)",
+              ge=f"{GE_ADAPTERS}: OpAdapter<NanToNum>",
+              note="zeroes the rows of the experts' sink group, which GroupedMatmulV4 leaves uncomputed"),
 )}
 
 PATHS = {"mindspore": "MindSpore's runtime (mindspore.load + nn.GraphCell, jit_level O0/O1)",

@@ -25,7 +25,7 @@ BACKEND = Backend(
     summary="MindSpore's MatMul, then split + silu + mul (the reference)",
     swiglu=lambda: SwiGLUOp(swiglu),
     linear=lambda dtype, swiglu, quant: MatMulLinear(BACKEND, dtype, swiglu, quant),  # any format: its dequantize_op
-    experts=lambda dtype, quant: DenseExperts(BACKEND, dtype, quant),
+    experts=lambda dtype, quant, partial=False: DenseExperts(BACKEND, dtype, quant),  # -1 ids match no expert
     rms_norm=RMSNormOp,
     add=AddOp,
     device=None,

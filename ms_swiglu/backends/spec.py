@@ -38,9 +38,10 @@ class Backend:
     # (dtype, swiglu, quant) -> Cell (x [T, K], w [M, K], scale) -> x w^T [T, M], or with swiglu its SwiGLU
     # [T, M/2]; w and scale as the format stores them (scale None without one)
     linear: Callable
-    # (dtype, quant) -> ExpertsOp (x [T, H], ids [T, k] int32, weights [T, k] float32, w_gate_up, w_down, s_gate_up,
-    # s_down) -> [T, H]: the routed experts of a MoE block, sum_j weights[t, j] * expert_ids[t, j](x[t]), every
-    # shape static given T
+    # (dtype, quant, partial=False) -> ExpertsOp (x [T, H], ids [T, k] int32, weights [T, k] float32, w_gate_up,
+    # w_down, s_gate_up, s_down) -> [T, H]: the routed experts of a MoE block, sum_j weights[t, j] * expert_ids[t,
+    # j](x[t]), every shape static given T; with ``partial`` an id may be -1, a slot of another rank's expert (expert
+    # parallelism), which adds nothing
     experts: Callable
     # (eps) -> Cell (x [T, H], w [H]) -> [T, H]: RMSNorm, float32 statistics, rounded once
     rms_norm: Callable

@@ -24,17 +24,28 @@ from ms_swiglu.schema import SCALE, Split, layer_tensors, stored_name
 FORMAT = "ms_swiglu.packed"
 
 
-def rank_paths(path, tp_size):
-    """The files of a conversion to ``path`` with ``tp_size`` ranks: ``X.safetensors``, or ``X-tp{r}-of-K``."""
-    if tp_size == 1:
+def rank_paths(path, tp_size=1, ep_size=1):
+    """The files of a conversion to ``path``: ``X.safetensors``, or one per rank, ``X-tp{r}-of-K`` with ``tp_size``
+    K tensor-parallel ranks, ``X-ep{r}-of-K`` with ``ep_size`` K expert-parallel ones."""
+    size, kind = (tp_size, "tp") if tp_size > 1 else (ep_size, "ep")
+    if size == 1:
         return [path]
     stem, ext = os.path.splitext(path)
-    return [f"{stem}-tp{r}-of-{tp_size}{ext or '.safetensors'}" for r in range(tp_size)]
+    return [f"{stem}-{kind}{r}-of-{size}{ext or '.safetensors'}" for r in range(size)]
 
 
-def convert(checkpoint, output, *, layers=None, tp_size=1, dtype=None, quant=None, force=False, progress=None):
+def _rank_files(path, rank):
+    """The rank files of any conversion to ``path`` that exist, for ``rank`` (a number or ``*``)."""
+    stem = os.path.splitext(path)[0]
+    return sorted(glob.glob(f"{stem}-tp{rank}-of-*.safetensors") + glob.glob(f"{stem}-ep{rank}-of-*.safetensors"))
+
+
+def convert(checkpoint, output, *, layers=None, tp_size=1, ep_size=1, dtype=None, quant=None, force=False,
+            progress=None):
     """Write the packed layers ``layers`` (a range; default all) of the HuggingFace checkpoint folder ``checkpoint``
-    as ``output`` (``FILE.safetensors``; with ``tp_size`` K one file per rank, ``FILE-tp{r}-of-K.safetensors``), in
+    as ``output`` (``FILE.safetensors``; with ``tp_size`` K one file per rank, ``FILE-tp{r}-of-K.safetensors``,
+    each with its rank's part of every tensor; with ``ep_size`` K ``FILE-ep{r}-of-K.safetensors``, each with its
+    rank's routed experts whole and every other tensor whole), in
     ``dtype`` (default the checkpoint's; FP8 checkpoints: their config's dtype) with projections quantized to
     ``quant``; returns ``[(path, tensor count)]`` and the dtype written.
 
@@ -56,25 +67,29 @@ def convert(checkpoint, output, *, layers=None, tp_size=1, dtype=None, quant=Non
     for layer in (layers.start, layers.stop - 1):
         config.check_layer(layer)
     config.check_tp(tp_size, layers, quant)
+    config.check_ep(ep_size, layers)
     method, shards = formats.get(quant), SafetensorsFolder(checkpoint)
     dtype = dtype or _stored_dtype(shards, config, layers.start)
-    ranks = [ParallelLayout(tp_size, rank) for rank in range(tp_size)]
+    ranks = [ParallelLayout.of(rank, tp_size, ep_size) for rank in range(tp_size * ep_size)]
     entries = [{} for _ in ranks]
     for layer in layers:
         for spec in layer_tensors(config, layer):
             for rank, layout in enumerate(ranks):
                 entries[rank].update(_entries(spec, layout, method, dtype))
-    with OutputSet(rank_paths(output, tp_size), force) as out:
+    with OutputSet(rank_paths(output, tp_size, ep_size), force) as out:
         files = []
         try:
             for rank, path in enumerate(out.paths):
-                meta = metadata(config_json, dtype, formats.name(method), tp_size, rank, layers, out.token)
+                meta = metadata(config_json, dtype, formats.name(method), tp_size, rank, layers, out.token, ep_size)
                 files.append(_StreamedFile(path, out.temporary(path), entries[rank], meta))
             for i, layer in enumerate(layers):
                 for spec, piece, e in _pieces(shards, config, layer, method):
                     for layout, file in zip(ranks, files):
+                        mine = layout.experts(config.moe.num_experts) if e is not None else None
+                        if mine is not None and e not in mine:
+                            continue  # another expert-parallel rank's expert
                         for kind, a in layout.shard(spec, piece, method).items():
-                            file.write(stored_name((spec,), kind), a, e)
+                            file.write(stored_name((spec,), kind), a, None if mine is None else e - mine.start)
                 if progress:
                     progress(i + 1, len(layers))
                 signals.pause_point("convert-layer")
@@ -158,30 +173,41 @@ class _StreamedFile:
                 self.file.close()
 
 
-def metadata(config_json, dtype, quant, tp_size, rank, layers, token):
+def metadata(config_json, dtype, quant, tp_size, rank, layers, token, ep_size=1):
     """A converted file's ``__metadata__`` (strings): what it holds and which set it belongs to."""
     return {"format": FORMAT, "layout": "gate_up rows [gate; up]", "model_type": config_json["model_type"],
-            "dtype": dtype, "quant": quant or "", "tp_size": tp_size, "rank": rank,
+            "dtype": dtype, "quant": quant or "", "tp_size": tp_size, "ep_size": ep_size, "rank": rank,
             "layers": f"{layers.start}-{layers.stop - 1}", "set": token, "config": json.dumps(config_json)}
+
+
+def _sizes(tp_size, ep_size):
+    """How a conversion's split is named on the command line."""
+    return f"--tp-size {tp_size}" + (f" --ep-size {ep_size}" if ep_size > 1 else "")
 
 
 class ConvertedFile:
     """One rank's converted file: its config, dtype, quantization and layers.
 
-    ``path``: the name given to ``convert --output`` (``X.safetensors``); with ``tp_size`` > 1 rank ``rank``'s file
-    ``X-tp{r}-of-K.safetensors`` is read, and it must come from a conversion with that ``--tp-size``.
+    ``path``: the name given to ``convert --output`` (``X.safetensors``); with ``tp_size`` (or ``ep_size``) > 1 rank
+    ``rank``'s file ``X-tp{r}-of-K.safetensors`` (``X-ep{r}-of-K``) is read, and it must come from a conversion
+    with that ``--tp-size`` (``--ep-size``).
     """
 
-    def __init__(self, path, tp_size=1, rank=0):
-        self.path = rank_paths(path, tp_size)[rank]
-        if tp_size == 1 and not os.path.exists(path):
-            found = sorted(glob.glob(f"{os.path.splitext(path)[0]}-tp*-of-*.safetensors"))
+    def __init__(self, path, tp_size=1, rank=0, ep_size=1):
+        self.path = rank_paths(path, tp_size, ep_size)[rank]
+        if tp_size == ep_size == 1 and not os.path.exists(path):
+            found = _rank_files(path, "*")
             if found:
-                raise CheckpointError(f"checkpoint: expected {path}, found only the rank files of a tensor-parallel "
+                raise CheckpointError(f"checkpoint: expected {path}, found only the rank files of a parallel "
                                       f"conversion ({os.path.basename(found[0])}, ...): run takes them with their "
-                                      f"--tp-size; export takes a conversion without --tp-size")
+                                      f"--tp-size or --ep-size; export takes a conversion without --tp-size (and "
+                                      f"expert-parallel ones with their --ep-size)")
         if not os.path.isfile(paths.input_file(self.path, "checkpoint")):
-            raise CheckpointError(f"checkpoint: expected a converted file {self.path}, found none")
+            there = [p for p in [path] + _rank_files(path, "*") if os.path.isfile(p)]
+            more = ", ..." if len(there) > 1 else ""
+            found = f"found only {os.path.basename(there[0])}{more}" if there else "found none"
+            raise CheckpointError(f"checkpoint: expected a converted file {self.path} ({_sizes(tp_size, ep_size)}), "
+                                  f"{found}")
         self._folder = SafetensorsFolder(self.path)
         meta = self._folder.metadata(self.path)
         if meta.get("format") != FORMAT or "config" not in meta:
@@ -189,6 +215,7 @@ class ConvertedFile:
                                   f"got format {meta.get('format')!r}")
         try:
             stored_tp, config_json = int(meta["tp_size"]), json.loads(meta["config"])
+            stored_ep = int(meta.get("ep_size", 1))  # files written before expert parallelism: 1
             first, _, last = meta["layers"].partition("-")
             self.layers = range(int(first), int(last) + 1)
             self.dtype, self.quant = meta["dtype"], meta["quant"] or None
@@ -197,9 +224,9 @@ class ConvertedFile:
             raise CheckpointError(f"{self.path}: expected the metadata ms-swiglu convert writes (tp_size, rank, set, "
                                   f"layers 'A-B', config JSON, dtype, quant), got a missing or malformed entry "
                                   f"({type(exc).__name__}: {exc})") from None
-        if stored_tp != tp_size:
-            raise CheckpointError(f"{self.path}: expected a conversion with --tp-size {tp_size}, got one with "
-                                  f"--tp-size {stored_tp}")
+        if (stored_tp, stored_ep) != (tp_size, ep_size):
+            raise CheckpointError(f"{self.path}: expected a conversion with {_sizes(tp_size, ep_size)}, got one "
+                                  f"with {_sizes(stored_tp, stored_ep)}")
         if stored_rank != rank:
             raise CheckpointError(f"{self.path}: expected rank {rank}'s file, got rank {stored_rank}'s")
         if not self.layers or (self.quant is not None and self.quant not in formats.names()):
@@ -209,11 +236,11 @@ class ConvertedFile:
         self.config = parse_config(config_json, self.path)
 
     @classmethod
-    def whole_set(cls, path, tp_size):
-        """Rank 0's file of the conversion to ``path`` with ``tp_size`` ranks, once every rank's file is found, holds
-        its own rank and comes from the same conversion (its ``set``), so that no rank starts on a partial or mixed
-        set."""
-        files = [cls(path, tp_size, rank) for rank in range(tp_size)]
+    def whole_set(cls, path, tp_size, ep_size=1):
+        """Rank 0's file of the conversion to ``path`` with ``tp_size`` (``ep_size``) ranks, once every rank's file
+        is found, holds its own rank and comes from the same conversion (its ``set``), so that no rank starts on a
+        partial or mixed set."""
+        files = [cls(path, tp_size, rank, ep_size) for rank in range(tp_size * ep_size)]
         for f in files[1:]:
             if f.set_id != files[0].set_id:
                 raise CheckpointError(f"{f.path}: expected a file of the conversion that wrote {files[0].path} (set "
@@ -222,13 +249,15 @@ class ConvertedFile:
 
     @classmethod
     def any_rank(cls, path):
-        """Rank 0's file of the conversion to ``path``, whatever its ``--tp-size`` (for its config)."""
+        """Rank 0's file of the conversion to ``path``, whatever its ``--tp-size`` or ``--ep-size`` (for its
+        config)."""
         if os.path.exists(path):
             return cls(path)
-        found = sorted(glob.glob(f"{os.path.splitext(path)[0]}-tp0-of-*.safetensors"))
+        found = _rank_files(path, 0)
         if not found:
             raise CheckpointError(f"checkpoint: expected a converted file {path} (or its rank files), found none")
-        return cls(path, int(found[0].rsplit("-of-", 1)[1].split(".")[0]), 0)
+        size = int(found[0].rsplit("-of-", 1)[1].split(".")[0])
+        return cls(path, size, 0) if found[0].endswith(f"-tp0-of-{size}.safetensors") else cls(path, 1, 0, size)
 
     def check_quant(self, asked):
         """ValueError unless ``asked`` (a quantization asked at load) is the file's or None, where it has one."""

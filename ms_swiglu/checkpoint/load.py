@@ -42,31 +42,37 @@ def layer_state(config, layer, tensors, store=lambda w: w):
     return state
 
 
-def load_mlp(checkpoint, layer, *, dtype=None, backend="auto", tp_size=1, rank=0, quant=None):
-    """The :class:`~ms_swiglu.mlp.PackedSwiGLUMLP` of one dense layer."""
+def load_mlp(checkpoint, layer, *, dtype=None, backend="auto", tp_size=1, rank=0, quant=None, ep_size=1):
+    """The :class:`~ms_swiglu.mlp.PackedSwiGLUMLP` of one dense layer (whole on every expert-parallel rank)."""
     ckpt, config = _open(checkpoint, layer, moe=False)
-    weights, ckpt_dtype, method = ckpt.layer(layer, ParallelLayout(tp_size, rank), quant)
+    weights, ckpt_dtype, method = ckpt.layer(layer, ParallelLayout.of(rank, tp_size, ep_size), quant)
     with empty_weights():
         mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype or ckpt_dtype,
                               backend=backend, tp_size=tp_size, quant=method)
     return load_weights(mlp, layer_state(config, layer, weights))
 
 
-def load_moe(checkpoint, layer, *, dtype=None, backend="auto", tp_size=1, rank=0, quant=None):
-    """The :class:`~ms_swiglu.moe.PackedMoE` of one MoE layer (experts packed [gate_e; up_e] and stacked)."""
+def load_moe(checkpoint, layer, *, dtype=None, backend="auto", tp_size=1, rank=0, quant=None, ep_size=1,
+             dispatch="replicated"):
+    """The :class:`~ms_swiglu.moe.PackedMoE` of one MoE layer (experts packed [gate_e; up_e] and stacked); with
+    ``ep_size`` K > 1, rank ``rank``'s E/K routed experts, its tokens ``dispatch``-ed (``ms_swiglu.parallel``)."""
     ckpt, config = _open(checkpoint, layer, moe=True)
-    weights, ckpt_dtype, method = ckpt.layer(layer, ParallelLayout(tp_size, rank), quant)
+    layout = ParallelLayout.of(rank, tp_size, ep_size)
+    weights, ckpt_dtype, method = ckpt.layer(layer, layout, quant)
     m = config.moe
     with empty_weights():
         moe = PackedMoE(config.hidden_size, m.intermediate_size, m.num_experts, m.top_k, dtype=dtype or ckpt_dtype,
-                        backend=backend, tp_size=tp_size, quant=method, **m.block_kwargs())
+                        backend=backend, tp_size=tp_size, quant=method, ep_size=ep_size, ep_rank=layout.ep_rank,
+                        dispatch=dispatch, **m.block_kwargs())
     return load_weights(moe, layer_state(config, layer, weights, moe.experts.store))
 
 
-def load_block(checkpoint, layer, **kw):
+def load_block(checkpoint, layer, *, dispatch="replicated", **kw):
     """The FFN of one layer as the checkpoint has it: the MoE block of a sparse layer, else the MLP."""
     ckpt = open_checkpoint(checkpoint)
-    return (load_moe if ckpt.config.is_moe_layer(layer) else load_mlp)(ckpt, layer, **kw)
+    if ckpt.config.is_moe_layer(layer):
+        return load_moe(ckpt, layer, dispatch=dispatch, **kw)
+    return load_mlp(ckpt, layer, **kw)
 
 
 def load_ffn(checkpoint, layer, *, dtype=None, backend="auto", recompute="none", quant=None):

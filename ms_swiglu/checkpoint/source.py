@@ -7,7 +7,7 @@ from ms_swiglu import quant as formats
 from ms_swiglu.checkpoint import hf
 from ms_swiglu.checkpoint.converted import ConvertedFile
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
-from ms_swiglu.layout import WHOLE
+from ms_swiglu.layout import WHOLE, ParallelLayout
 from ms_swiglu.schema import layer_tensors
 
 
@@ -39,11 +39,13 @@ class HFCheckpoint:
             self._shards = SafetensorsFolder(self.where)
         return self._shards
 
-    def check(self, layers, tp_size=1, quant=None):
-        """InputError unless the layers exist, tp_size splits them, and (``quant``) their sizes take the format."""
+    def check(self, layers, tp_size=1, quant=None, ep_size=1):
+        """InputError unless the layers exist, tp_size (ep_size) splits them, and (``quant``) their sizes take the
+        format."""
         for layer in layers:
             self.config.check_layer(layer)
         self.config.check_tp(tp_size, layers, quant)
+        self.config.check_ep(ep_size, layers)
 
     def layer(self, layer, layout=WHOLE, quant=None):
         """(``{kind: array}`` of the rank's part of a layer, its dtype name, its weight format): float tensors
@@ -54,8 +56,8 @@ class HFCheckpoint:
 
 
 class ConvertedCheckpoint:
-    """The files of a conversion (``X.safetensors`` or its rank files ``X-tp{r}-of-K.safetensors``): packed,
-    and quantized if they were converted so."""
+    """The files of a conversion (``X.safetensors`` or its rank files ``X-tp{r}-of-K.safetensors``,
+    ``X-ep{r}-of-K.safetensors``): packed, and quantized if they were converted so."""
 
     converted = True
 
@@ -65,25 +67,27 @@ class ConvertedCheckpoint:
         self.config, self.quant, self.layers = first.config, first.quant, first.layers
         self._files = {}
 
-    def file(self, tp_size=1, rank=0):
-        """Rank ``rank``'s file of the conversion with ``tp_size`` ranks (once every rank's file is found and of
-        one conversion)."""
-        if (tp_size, rank) not in self._files:
-            if rank == 0:
-                self._files[tp_size, 0] = ConvertedFile.whole_set(self.where, tp_size)
+    def file(self, layout=WHOLE):
+        """The file of ``layout``'s rank (a :class:`~ms_swiglu.layout.ParallelLayout`) in the conversion with its
+        ranks (once every rank's file is found and of one conversion)."""
+        key = (layout.tp_size, layout.ep_size, layout.rank)
+        if key not in self._files:
+            if layout.rank == 0:
+                self._files[key] = ConvertedFile.whole_set(self.where, layout.tp_size, layout.ep_size)
             else:
-                self._files[tp_size, rank] = ConvertedFile(self.where, tp_size, rank)
-        return self._files[tp_size, rank]
+                self._files[key] = ConvertedFile(self.where, layout.tp_size, layout.rank, layout.ep_size)
+        return self._files[key]
 
-    def check(self, layers, tp_size=1, quant=None):
-        file = self.file(tp_size)
+    def check(self, layers, tp_size=1, quant=None, ep_size=1):
+        file = self.file(ParallelLayout.of(0, tp_size, ep_size))
         for layer in layers:
             file.check_layer(layer)
         file.check_quant(quant)
         self.config.check_tp(tp_size, layers, None if self.quant else quant)
+        self.config.check_ep(ep_size, layers)
 
     def layer(self, layer, layout=WHOLE, quant=None):
-        file = self.file(layout.tp_size, layout.tp_rank)
+        file = self.file(layout)
         tensors, dtype = file.layer(layer)
         if file.quant:
             file.check_quant(quant)

@@ -193,6 +193,18 @@ class ModelConfig:
                                   f"multiples of {g}, got hidden_size {self.hidden_size}, intermediate size / "
                                   f"{tp_size}: {', '.join(str(size // tp_size) for size in sizes)}")
 
+    def check_ep(self, ep_size, layers=None):  # noqa: ARG002 -- dense layers of a MoE model run whole on every rank
+        """InputError unless the model has routed experts for ``ep_size`` > 1 expert-parallel ranks, and
+        ``ep_size`` divides their number."""
+        if ep_size == 1:
+            return
+        if not self.moe:
+            raise CheckpointError(f"ep_size: expected 1 for a model without routed experts ({self.model_type!r}), "
+                                  f"got {ep_size}")
+        if ep_size < 1 or self.moe.num_experts % ep_size:
+            raise CheckpointError(f"ep_size: expected a divisor of the number of routed experts "
+                                  f"{self.moe.num_experts}, got {ep_size}")
+
     def check_layer(self, layer):
         if not 0 <= layer < self.num_hidden_layers:
             raise CheckpointError(f"layer: expected 0..{self.num_hidden_layers - 1} "

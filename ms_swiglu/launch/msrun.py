@@ -1,4 +1,5 @@
-"""``ms-swiglu run --tp-size K``: K ranks (``ms_swiglu.launch.worker``) through MindSpore's launcher, msrun.
+"""``ms-swiglu run --tp-size K`` (``--ep-size K``): K ranks (``ms_swiglu.launch.worker``) through MindSpore's
+launcher, msrun; :class:`Job`, one msrun job, also runs ``export --ep-size``'s ranks.
 
 The parent checks everything first (config, layer, tp size, input, output, msrun, the port), writes the input
 to a job folder under $TMPDIR/ms-swiglu-tp, starts msrun in its own process group, and relays rank 0's result
@@ -99,61 +100,93 @@ def _wait(proc, log_dir):
 
 
 def launch(args, x, out):
-    """Run the worker script (:data:`WORKER`) on ``args.tp_size`` ranks with the input ``x`` and rank 0 writing
-    ``out``; relay rank 0's result lines. ``args``: the ``ms-swiglu run`` options."""
-    bin_dir = os.path.dirname(sys.executable)
-    path = bin_dir + os.pathsep + os.environ.get("PATH", "")
-    msrun = shutil.which("msrun", path=path)
-    if msrun is None:
-        raise InputError("msrun: expected MindSpore's launcher on PATH (it comes with mindspore), found none")
-    port = _free_port(args.master_port)
-    work, proc, failed = _job_folder(), None, False
-    try:
-        log_dir = os.path.abspath(args.log_dir) if args.log_dir else os.path.join(work, "logs")
-        os.makedirs(log_dir, exist_ok=True)
-        np.save(os.path.join(work, "input.npy"), x)
+    """Run the worker script (:data:`WORKER`) on ``args.tp_size`` x ``args.ep_size`` ranks with the input ``x`` and
+    rank 0 writing ``out``; relay rank 0's result lines. ``args``: the ``ms-swiglu run`` options."""
+    with Job(args.tp_size * args.ep_size, args.master_port, args.log_dir) as job:
+        np.save(os.path.join(job.work, "input.npy"), x)
         worker_args = ["--checkpoint", os.path.abspath(args.checkpoint), "--layer", str(args.layer),
-                       "--input", os.path.join(work, "input.npy"), "--backend", args.backend,
-                       "--repeat", str(args.repeat), "--tp-size", str(args.tp_size)]
+                       "--input", os.path.join(job.work, "input.npy"), "--backend", args.backend,
+                       "--repeat", str(args.repeat), "--tp-size", str(args.tp_size), "--ep-size", str(args.ep_size),
+                       "--dispatch", args.dispatch]
         if out:  # rank 0 writes into the job folder; this process puts it in place (whole, or not at all)
-            worker_args += ["--output", os.path.join(work, "output.npy")]
+            worker_args += ["--output", os.path.join(job.work, "output.npy")]
         if args.dtype:
             worker_args += ["--dtype", args.dtype]
         if args.quantize:
             worker_args += ["--quantize", args.quantize]
-        cmd = [msrun, f"--worker_num={args.tp_size}", f"--local_worker_num={args.tp_size}",
-               f"--master_port={port}", f"--log_dir={log_dir}", "--join=True", WORKER, *worker_args]
-        env = safe_environment(dict(os.environ, PATH=path))  # msrun starts `python` from PATH: this interpreter's
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                                env=env, cwd=work)  # the job folder: compile files stay out of the user's folder
-        bad = _wait(proc, log_dir)
-        status = proc.returncode if proc.returncode is not None else 1
-        bad = bad or _failed_worker(log_dir)
+        job.run(WORKER, worker_args)
+        for line in job.lines(0):
+            if line.startswith("device "):
+                print(line)
+        if out:
+            write_file(out, lambda tmp: shutil.copyfile(os.path.join(job.work, "output.npy"), tmp), args.force)
+            print(f"wrote {out}")
+    return 0
+
+
+class Job:
+    """One msrun job of ``world`` ranks on this node, in a job folder under $TMPDIR/ms-swiglu-tp (:attr:`work`,
+    also the workers' working directory: compile files stay out of the user's folder). On leaving, msrun's group
+    and every worker are ended; a failed job keeps its logs (named in the error), anything else is removed."""
+
+    def __init__(self, world, master_port=None, log_dir=None):
+        bin_dir = os.path.dirname(sys.executable)
+        self.path = bin_dir + os.pathsep + os.environ.get("PATH", "")
+        self.msrun = shutil.which("msrun", path=self.path)
+        if self.msrun is None:
+            raise InputError("msrun: expected MindSpore's launcher on PATH (it comes with mindspore), found none")
+        self.world, self.port, self.log_arg = world, _free_port(master_port), log_dir
+        self.work = self.proc = None
+        self.failed = False
+
+    def __enter__(self):
+        self.work = _job_folder()
+        self.log_dir = os.path.abspath(self.log_arg) if self.log_arg else os.path.join(self.work, "logs")
+        os.makedirs(self.log_dir, exist_ok=True)
+        with open(os.path.join(self.work, RUNNING), "wb"):  # a job killed before its end leaves it (_job_folder)
+            pass
+        return self
+
+    def run(self, script, worker_args):
+        """Run ``script`` with ``worker_args`` on every rank and wait; LaunchError when a rank or msrun fails."""
+        cmd = [self.msrun, f"--worker_num={self.world}", f"--local_worker_num={self.world}",
+               f"--master_port={self.port}", f"--log_dir={self.log_dir}", "--join=True", script, *worker_args]
+        env = safe_environment(dict(os.environ, PATH=self.path))  # msrun starts `python` from PATH: this interpreter's
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                     env=env, cwd=self.work)
+        bad = _wait(self.proc, self.log_dir)
+        status = self.proc.returncode if self.proc.returncode is not None else 1
+        bad = bad or _failed_worker(self.log_dir)
         if status != 0 or bad:
-            failed = True
+            self.failed = True
             if bad:
                 rank, log, line = bad
                 raise LaunchError(f"worker {rank} failed: {line.strip()[:300]} (log: {log})")
-            raise LaunchError(f"msrun exited with status {status} (logs: {log_dir})")
-        with open(os.path.join(log_dir, "worker_0.log"), errors="replace") as f:
-            for line in f:
-                if line.startswith("device "):
-                    print(line.rstrip())
-        if out:
-            write_file(out, lambda tmp: shutil.copyfile(os.path.join(work, "output.npy"), tmp), args.force)
-            print(f"wrote {out}")
-        return 0
-    finally:
-        if proc is not None:
-            _end_job(proc, work)
-        if failed:  # the logs stay for diagnosis, named in the error line; the next run prunes them
-            for name in ("input.npy", "output.npy"):
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(work, name))
+            raise LaunchError(f"msrun exited with status {status} (logs: {self.log_dir})")
+
+    def lines(self, rank):
+        """The lines rank ``rank`` printed (its log)."""
+        with open(os.path.join(self.log_dir, f"worker_{rank}.log"), errors="replace") as f:
+            return [line.rstrip() for line in f]
+
+    def __exit__(self, kind, exc, tb):
+        if self.proc is not None:
+            _end_job(self.proc, self.work)
+        if self.failed:  # the logs stay for diagnosis, named in the error line; the next run prunes them
+            for name in os.listdir(self.work):  # all but the logs
+                if os.path.join(self.work, name) == self.log_dir:
+                    continue
+                path = os.path.join(self.work, name)
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.remove(path)
         else:  # done, or interrupted: nothing to keep
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
+RUNNING = "running"  # in a job folder until the job ends: a killed job's folder is removed whole
 JOBS = "ms-swiglu-tp"  # $TMPDIR/ms-swiglu-tp/<job>: a job's input and (by default) its logs
 KEEP_FAILED = 3  # the logs of the newest failed jobs a run keeps
 
@@ -168,7 +201,7 @@ def _job_folder():
         pid = entry.rsplit("-", 2)[-2] if entry.count("-") >= 2 else ""
         if pid.isdigit() and not alive(int(pid)):
             ended.append(os.path.join(base, entry))
-    killed = [d for d in ended if os.path.exists(os.path.join(d, "input.npy"))]
+    killed = [d for d in ended if os.path.exists(os.path.join(d, RUNNING))]
     failed = sorted(set(ended) - set(killed), key=os.path.getmtime)
     for folder in killed + failed[:-KEEP_FAILED]:
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,11 +1,13 @@
-"""One rank of a tensor-parallel run of one checkpoint layer: the script MindSpore's launcher msrun starts on
-every node. ``ms-swiglu run --tp-size K`` starts it for one node; for several nodes run msrun yourself, e.g.
+"""One rank of a tensor- or expert-parallel run of one checkpoint layer: the script MindSpore's launcher msrun
+starts on every node. ``ms-swiglu run --tp-size K`` (``--ep-size K``) starts it for one node; for several nodes
+run msrun yourself, e.g.
 
     msrun --worker_num=16 --local_worker_num=8 --master_addr=<node 0> --master_port=8118 --node_rank=<0|1> \\
           --log_dir=logs --join=True $(python -m ms_swiglu.launch.worker --path) \\
-          --checkpoint DIR --layer N --input X.npy --output Y.npy --tp-size 16
+          --checkpoint DIR --layer N --input X.npy --output Y.npy --ep-size 16 --dispatch sharded
 
-Rank r reads only its own block of every weight; rank 0 prints the result line and writes ``--output``.
+Rank r reads only its own block of every weight (its own experts); rank 0 prints the result line and writes
+``--output``.
 """
 import argparse
 import os
@@ -13,6 +15,7 @@ import sys
 
 from ms_swiglu.backends import NAMES
 from ms_swiglu.config import DTYPE_NAMES
+from ms_swiglu.layout import DISPATCHES
 from ms_swiglu.quant import names as quant_names
 
 
@@ -24,7 +27,10 @@ def parser():
     p.add_argument("--layer", type=int, required=True)
     p.add_argument("--input", required=True, help="float .npy of shape [..., hidden_size]")
     p.add_argument("--output", help="rank 0 writes the output here as float32 .npy")
-    p.add_argument("--tp-size", type=int, required=True, help="the world size msrun launches")
+    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks (the world size msrun launches)")
+    p.add_argument("--ep-size", type=int, default=1, help="expert-parallel ranks (the world size msrun launches)")
+    p.add_argument("--dispatch", choices=DISPATCHES, default="replicated",
+                   help="expert parallelism: the same tokens on every rank, or each rank its block of rows")
     p.add_argument("--dtype", choices=DTYPE_NAMES)
     p.add_argument("--backend", choices=NAMES, default="auto")
     p.add_argument("--repeat", type=int, default=3)
@@ -45,7 +51,7 @@ def main(argv=None):
     x = read_input(args.input, ckpt.config.hidden_size)
     run_layer(ckpt, args.layer, x, dtype=args.dtype, backend=args.backend,
               repeat=args.repeat, tp_size=args.tp_size, output=os.path.abspath(args.output) if args.output else None,
-              force=args.force, quant=args.quantize)
+              force=args.force, quant=args.quantize, ep_size=args.ep_size, dispatch=args.dispatch)
     return 0
 
 

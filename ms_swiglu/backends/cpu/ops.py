@@ -80,7 +80,7 @@ class GroupedExperts(ExpertsOp):
     """The routed experts of a MoE block in two C++ calls over the stacked weights, read in place: the rows
     grouped by expert, each expert's gate/up GEMM with the SwiGLU as its epilogue, then each expert's down GEMM
     and the weighted sum of every token's k rows in float32. Inference only (no backward). int8 experts are read
-    as int8 and widened in the kernels.
+    as int8 and widened in the kernels. A slot with id -1 (another rank's expert) is skipped.
 
     Shapes:
         x: [T, H]    ids: [T, k] int32    weights: [T, k] float32
@@ -88,7 +88,7 @@ class GroupedExperts(ExpertsOp):
         int8: w_* int8, s_gate_up: [E, 2I] float32, s_down: [E, H] float32 (int8-g128: [E, 2I, H/128], [E, H, I/128])
     """
 
-    def __init__(self, dtype, quant):
+    def __init__(self, dtype, quant, partial=False):  # noqa: ARG002 -- the kernels skip -1 ids
         super().__init__()
         kernels.onednn()
         q, w = ("Q", (I8, F32)) if check_format("cpu", quant, QuantMethod, Int8).quantized else ("", (F,))

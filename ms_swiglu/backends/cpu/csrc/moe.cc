@@ -16,7 +16,8 @@ namespace msw {
 namespace {
 
 // The R = T * k rows grouped by expert, stably: row p of the grouped order is (token, slot) src[p] = t * k + j,
-// expert e's rows are [start[e], start[e + 1]), and dst[t * k + j] = p is the inverse.
+// expert e's rows are [start[e], start[e + 1]), and dst[t * k + j] = p is the inverse. An id of -1 marks a row
+// this rank does not compute (its expert is another rank's, expert parallelism): it is in no group, dst -1.
 struct Groups {
   std::vector<int64_t> start, src, dst;
 };
@@ -24,14 +25,15 @@ struct Groups {
 bool group(const int32_t *ids, int64_t rows, int64_t experts, Groups *g) {
   g->start.assign(experts + 1, 0);
   for (int64_t r = 0; r < rows; ++r) {
-    if (ids[r] < 0 || ids[r] >= experts) return false;
-    ++g->start[ids[r] + 1];
+    if (ids[r] < -1 || ids[r] >= experts) return false;
+    if (ids[r] >= 0) ++g->start[ids[r] + 1];
   }
   for (int64_t e = 0; e < experts; ++e) g->start[e + 1] += g->start[e];
   std::vector<int64_t> next(g->start.begin(), g->start.end() - 1);
-  g->src.resize(rows);
-  g->dst.resize(rows);
+  g->src.resize(g->start[experts]);
+  g->dst.assign(rows, -1);
   for (int64_t r = 0; r < rows; ++r) {
+    if (ids[r] < 0) continue;
     const int64_t p = next[ids[r]]++;
     g->src[p] = r;
     g->dst[r] = p;
@@ -71,8 +73,10 @@ bool moe_gate_up_swiglu(int d, const void *x, const int32_t *ids, int64_t tokens
   Groups g;
   if (!group(ids, rows, experts, &g)) return false;
   const size_t es = dtype_size(d), ws = scale ? 1 : es;  // bytes per activation, per weight
-  std::vector<char> xs(rows * hidden * es);  // x's rows in grouped order: [R, H]
-  parallel_ranges(rows, [&](int64_t p0, int64_t p1) {
+  const int64_t grouped = g.start[experts];  // rows of this rank's experts; h's rows past them are zero
+  std::memset(static_cast<char *>(h) + grouped * inter * es, 0, (rows - grouped) * inter * es);
+  std::vector<char> xs(grouped * hidden * es);  // x's rows in grouped order: [R, H]
+  parallel_ranges(grouped, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       std::memcpy(xs.data() + p * hidden * es, static_cast<const char *>(x) + g.src[p] / k * hidden * es, hidden * es);
   }, (1 << 16) / std::max<int64_t>(hidden, 1));
@@ -91,7 +95,7 @@ bool moe_down_combine(int d, const void *h, const int32_t *ids, const float *wei
   Groups g;
   if (!group(ids, rows, experts, &g)) return false;
   const size_t es = dtype_size(d), ws = scale ? 1 : es;  // bytes per activation, per weight
-  std::vector<float> y(rows * hidden);  // each row's expert output in float32, grouped order: [R, H]
+  std::vector<float> y(g.start[experts] * hidden);  // each row's expert output in float32, grouped order: [R, H]
   const bool ok = for_experts(g, experts, [&](int64_t e) {
     const Linear call{d, static_cast<const char *>(h) + g.start[e] * inter * es, g.start[e + 1] - g.start[e], inter,
                       kF32, true, scale ? scale + e * hidden * groups : nullptr, groups};
@@ -104,6 +108,7 @@ bool moe_down_combine(int d, const void *h, const int32_t *ids, const float *wei
     for (int64_t t = t0; t < t1; ++t) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = 0; j < k; ++j) {
+        if (g.dst[t * k + j] < 0) continue;  // another rank's expert
         const float wt = weights[t * k + j], *row = y.data() + g.dst[t * k + j] * hidden;
         for (int64_t c = 0; c < hidden; ++c) acc[c] += wt * row[c];
       }

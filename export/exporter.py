@@ -139,9 +139,10 @@ def _golden_shapes(req):
 CONTROL_FLOW = frozenset({"Switch", "SwitchLayer", "Partial", "Call", "While"})
 
 
-def _check_ops(found, target):
+def _check_ops(found, target, extra=frozenset()):
     """The exported graph is straight-line, holds the op types that mark its backend, none that mark another
-    backend, and only the backend's allowed op types when it has such a list."""
+    backend, and only the backend's allowed op types (and ``extra``: an expert-parallel rank's) when it has such
+    a list."""
     flow = sorted(CONTROL_FLOW & set(found))
     if flow:
         raise VerificationError(f"export --target {target}: expected a straight-line graph, got control flow "
@@ -154,7 +155,8 @@ def _check_ops(found, target):
     facts = backend.facts
     missing = sorted(facts.graph_ops - set(found))
     foreign = sorted(op for op in found if op in owners and op not in facts.graph_ops)
-    extra = sorted(set(found) - facts.allowed_ops) if facts.allowed_ops is not None else []
+    allowed = None if facts.allowed_ops is None else facts.allowed_ops | extra
+    extra = sorted(set(found) - allowed) if allowed is not None else []
     where = f"export --target {target}"
     if foreign:
         marked = ", ".join(sorted(set().union(*(owners[op] for op in foreign))))
@@ -164,7 +166,7 @@ def _check_ops(found, target):
         raise ExportError(f"{where}: expected the {', '.join(missing)} op of the {backend.name} backend, got op types "
                           f"{found}")
     if extra:
-        raise ExportError(f"{where}: expected only ops of {sorted(facts.allowed_ops)}, got {extra}")
+        raise ExportError(f"{where}: expected only ops of {sorted(allowed)}, got {extra}")
 
 
 # what carries int8 weights in an ascend graph: the dense projections, the grouped experts
@@ -319,9 +321,10 @@ def settle_request(req, net, chip):
 
 class Feed:
     """How one golden case reaches the exported graph: its inputs, and which of the single-process golden
-    outputs it must give (every rank the same tokens here; ``export.parallel`` has the sharded feed)."""
+    outputs it must give (this feed: all of them, the tokens whole; ``export.parallel`` has the sharded one)."""
 
     names = (INPUT_NAME,)
+    zero_tokens = "not in the graph: the Cells return [..., 0, H] without calling it"
 
     def __init__(self, shape):
         self.shape = shape  # [B, S, H], -1 dynamic
@@ -344,11 +347,20 @@ class Feed:
         return {}
 
 
-def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, twin=None, gold=None, comm=None):
+def twin_backend(req, device):
+    """The backend of the computation in the dtype that stands for a graph that does not run on ``device`` (e.g.
+    Swiglu has no CPU kernel): the cpu backend's int8 kernels, else composite."""
+    return "cpu" if req.quant and device == "CPU" else "composite"
+
+
+def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, twin=None, cases=None, comm=None,
+              allowed=frozenset()):
     """The MindIR of ``net`` and its kit, written into the folder ``work``; returns the manifest. ``feed``: how
-    the golden cases reach the graph (:class:`Feed`); ``twin``, ``gold``: the dtype computation checked here and
-    the float32 golden network (default: built from ``req``); ``comm``: the manifest's ``communication`` entry of
-    a graph with collectives (its MindIR's groups named as it says: ``export.parallel``)."""
+    the golden cases reach the graph (:class:`Feed`); ``twin``: the dtype computation checked; ``cases``: the
+    golden cases (:func:`golden_cases`; default: from ``req``'s float32 golden network); ``comm``: the manifest's
+    ``communication`` entry of a graph with collectives (its MindIR's groups named as it says:
+    ``export.parallel``); ``allowed``: op types beyond the backend's that the graph may hold (an expert-parallel
+    rank's)."""
     import mindspore as ms  # noqa: PLC0415
 
     name = req.name(model)
@@ -358,10 +370,10 @@ def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, 
     runs_here = backend.runs_on(device)
     shape = list(req.static_shape or (-1, -1)) + [hidden]
     feed = feed or Feed(shape)
-    # the dtype computation held against the golden outputs here: the network itself where it runs on this
-    # device, else its twin (e.g. Swiglu has no CPU kernel: the cpu backend (int8: its kernels) or composite)
-    twin = twin or (net if runs_here else _build(req, "cpu" if req.quant and device == "CPU" else "composite")[0])
-    gold = gold or golden_net(req, net)
+    # the dtype computation held against the golden outputs: the network itself where it runs on this device,
+    # else its twin
+    twin = twin or (net if runs_here else _build(req, twin_backend(req, device))[0])
+    cases = cases or golden_cases(req, hidden, golden_net(req, net), twin)
     specs = [ms.Tensor(shape=[None if d < 0 else d for d in s], dtype=getattr(ms, dt)) for s, dt in
              feed.specs(req.dtype)]
     net.set_inputs(*specs)
@@ -369,7 +381,7 @@ def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, 
     signals.pause_point("export-written")
     found = op_types(os.path.join(work, model_file)) if fmt == "MINDIR" else []
     if fmt == "MINDIR":
-        _check_ops(found, req.target)
+        _check_ops(found, req.target, allowed)
         _check_int8(net, os.path.join(work, model_file), found, req.target)
         rename_input(os.path.join(work, model_file), feed.names)  # names converter_lite's syntax takes
         if comm:
@@ -379,15 +391,21 @@ def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, 
         if why:
             raise ExportError(f"--target ascend --chip {chip.key}: {why}; export --target portable for it")
     criterion = acceptance(req.dtype, **chain(net))
-    golden, twin_cases = _write_golden(req, work, hidden, gold, twin, criterion, feed)
+    golden, twin_cases = _write_golden(req, work, cases, twin, criterion, feed)
     shutil.copyfile(KIT_SCRIPT, os.path.join(work, "verify_on_device.py"))
     deployable = bool(backend.facts.deployable)
     paths = _runtime_paths(req.target, found)
-    with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
-        f.write(converter_config(INPUT_NAME, shape, req.dtype, chip))
-    converter = converter_command(name, INPUT_NAME, shape)
     air_name = dataclasses.replace(req, static_shape=req.static_shape or AIR_DEFAULT_SHAPE, air=True).name(model)
-    write_scripts(work, name, req, converter, air_name, deployable, chip, paths["ge"]["missing"])
+    if comm:  # converter_lite and ATC compile one device's graph: a rank's collectives need all ranks
+        converter = None
+        write_scripts(work, name, req, converter, air_name, deployable, chip, refusal=(
+            f"{name}.mindir is one rank of an expert-parallel set: it runs with the other ranks through "
+            f"MindSpore under msrun (the set's manifest.json, verify_command), not through converter_lite or ATC"))
+    else:
+        with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
+            f.write(converter_config(INPUT_NAME, shape, req.dtype, chip))
+        converter = converter_command(name, INPUT_NAME, shape)
+        write_scripts(work, name, req, converter, air_name, deployable, chip, paths["ge"]["missing"])
 
     manifest = {
         "name": name, "format": fmt, "model_file": model_file, "target": req.target, "deployable": deployable,
@@ -402,7 +420,7 @@ def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, 
         "inputs": [{"name": n, "shape": s, "dtype": dt, "dynamic": [i for i, d in enumerate(s) if d < 0]}
                    for n, (s, dt) in zip(feed.names, feed.specs(req.dtype))],
         "outputs": [{"shape": feed.specs(req.dtype)[0][0], "dtype": req.dtype}],
-        "zero_tokens": "not in the graph: the Cells return [..., 0, H] without calling it",
+        "zero_tokens": feed.zero_tokens,
         "op_types": found,
         "golden": golden,
         "acceptance": criterion,
@@ -410,16 +428,16 @@ def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, 
                     "reloaded MindIR on the CPU" if device == "CPU" else f"reloaded MindIR on {device}",
                     "device": device == "Ascend" and runs_here},
         "verification": {"op_types": "ok", "straight_line": True,
-                         "allowed_ops": sorted(backend.facts.allowed_ops) if backend.facts.allowed_ops else None,
+                         "allowed_ops": sorted(backend.facts.allowed_ops | allowed) if backend.facts.allowed_ops
+                         else None,
                          "cpu_twin": twin_cases},
         "converter_command": converter,
-        "atc_command": atc_command(air_name),
+        "atc_command": None if comm else atc_command(air_name),
         "files": {},
     }
     manifest["inputs"][0]["tokens"] = {"min": 1, "max": None}
     if comm:
         manifest["communication"] = comm
-        manifest["zero_tokens"] = feed.zero_tokens
     write_manifest(work, manifest)
     if runs_here and fmt == "MINDIR" and not comm:  # (a graph with collectives: verified by its ranks together)
         manifest["verification"]["reloaded"] = _verify_kit(work, model_file, device)
@@ -439,26 +457,38 @@ def write_manifest(work, manifest):
         json.dump(manifest, f, indent=1)
 
 
-def _write_golden(req, work, hidden, gold, twin, criterion, feed):
-    """The golden cases into ``work``/golden: inputs in the dtype (.bin) and as exact float32 values (.npy), outputs
-    of the float32 golden network (.npy, .bin float32). Returns (the manifest's golden entries, the dtype twin's
-    result per case by the criterion); a twin that fails it is a bug (VerificationError). ``feed``
-    (:class:`Feed`): what of each case this graph takes and gives."""
+def golden_cases(req, hidden, gold, twin):
+    """[(tokens [B, S, H]: float32 values of the dtype, the float32 golden output, the ambiguous tokens)] for the
+    request's golden shapes: the outputs of the float32 golden network ``gold`` from exactly the values the device
+    gets; ambiguous: tokens whose experts ``twin`` (in the dtype) may choose otherwise (:func:`_ambiguous_tokens`)."""
     import mindspore as ms  # noqa: PLC0415
 
-    golden_dir = os.path.join(work, "golden")
-    os.mkdir(golden_dir)
-    entries, cases = [], []
+    cases = []
     for case, (b, s, _) in enumerate(_golden_shapes(req)):
         rng = np.random.default_rng(req.seed * 1000 + case)
         x = ms.Tensor(rng.standard_normal((b, s, hidden)).astype(np.float32)).astype(getattr(ms, req.dtype))
         x_values, _ = _raw(x, req.dtype)
-        y = gold(ms.Tensor(x_values)).asnumpy()  # float32, from the values the device gets
-        y, excluded = feed.rows(y, _ambiguous_tokens(gold, twin, ms.Tensor(x_values), x, req.dtype))
+        y = gold(ms.Tensor(x_values)).asnumpy()
+        cases.append((x_values, y, _ambiguous_tokens(gold, twin, ms.Tensor(x_values), x, req.dtype)))
+    return cases
+
+
+def _write_golden(req, work, cases, twin, criterion, feed):
+    """The golden ``cases`` (:func:`golden_cases`) into ``work``/golden as ``feed`` (:class:`Feed`) gives them to
+    the graph: inputs in the dtype (.bin) and as exact float32 values (.npy), outputs of the float32 golden network
+    (.npy, .bin float32). Returns (the manifest's golden entries, the dtype twin's result per case by the
+    criterion); a twin that fails it is a bug (VerificationError)."""
+    import mindspore as ms  # noqa: PLC0415
+
+    golden_dir = os.path.join(work, "golden")
+    os.mkdir(golden_dir)
+    entries, results = [], []
+    for case, (x_values, y, ambiguous) in enumerate(cases):
+        y, excluded = feed.rows(y, ambiguous)
         inputs = feed.inputs(x_values)
         twin_inputs = [ms.Tensor(inputs[0]).astype(getattr(ms, req.dtype)), *map(ms.Tensor, inputs[1:])]
         result = check(twin(*twin_inputs).astype(ms.float32).asnumpy(), y, criterion, excluded)
-        cases.append(dict(result, case=case))
+        results.append(dict(result, case=case))
         if not result["ok"]:
             raise VerificationError(f"export: expected the {req.dtype} computation to pass the acceptance criterion "
                                     f"against the float32 golden outputs, got {result}")
@@ -474,7 +504,7 @@ def _write_golden(req, work, hidden, gold, twin, criterion, feed):
             entry[role] = {"npy": os.path.relpath(stem + ".npy", work), "bin": os.path.relpath(stem + ".bin", work),
                            "bin_dtype": dtype, "npy_dtype": "float32"}
         entries.append(entry)
-    return entries, cases
+    return entries, results
 
 
 def _runtime_paths(target, found):

@@ -142,15 +142,16 @@ fi
 """
 
 
-def write_scripts(folder, name, req, converter, air_name, deployable, chip, ge_missing=()):
+def write_scripts(folder, name, req, converter, air_name, deployable, chip, ge_missing=(), refusal=None):
     """convert_lite.sh and export_air.sh into `folder` (executable), for ``chip``; ``ge_missing``: the graph's ops
-    that GE has no adapter for (the scripts stop on them)."""
+    that GE has no adapter for (the scripts stop on them); ``refusal``: why neither path takes the graph (both
+    scripts then say it and exit 2)."""
     head = _HEAD.format(name=name, target=req.target)
-    if not deployable:
-        refuse = ('echo "{s}: {n}.mindir holds a Custom aot op bound to a host .so (--target cpu): it cannot be '
-                  'deployed to Ascend; export with --target ascend or portable" >&2\nexit 2\n')
-        convert = head + refuse.format(s="convert_lite.sh", n=name)
-        air = head + refuse.format(s="export_air.sh", n=name)
+    if not deployable and refusal is None:
+        refusal = (f"{name}.mindir holds a Custom aot op bound to a host .so (--target cpu): it cannot be deployed "
+                   f"to Ascend; export with --target ascend or portable")
+    if refusal is not None:
+        convert, air = (head + f'echo "{s}: {refusal}" >&2\nexit 2\n' for s in ("convert_lite.sh", "export_air.sh"))
     else:
         ops = ", ".join(ge_missing)
         unproven = {s: _UNPROVEN.format(script=s, tool=t, ops=ops) if ge_missing else ""

@@ -6,15 +6,16 @@ sharded tokens).
     OUT/verify_on_device.py      under msrun, rank r verifies OUT/rank{r}
     OUT/rank{r}/                 rank r's kit (its MindIR, golden cases, manifest), as a single export writes it
 
-Each rank's golden outputs are its part of the single-process result: the whole layer in float32 from exactly the
-weights the rank's graph holds (every rank's, for the experts it does not hold). Each rank's CPU twin (the same
-dispatcher and collectives, on the CPU between the msrun processes) is held against them by the acceptance
-criterion; a ``portable`` export's reloaded MindIRs run together on the CPU too. The whole set is one
-``FolderSet``: the ranks write into its staging folder, and it is put in place only when every rank succeeded.
+The golden cases come from the whole layer once, in the exporting process (float32 from exactly the weights the
+ranks hold), before msrun starts; each rank's golden outputs are its part of them. Each rank's twin (the same
+dispatcher and collectives, between the msrun processes) is held against them by the acceptance criterion; where
+the graphs run on the exporting device (``portable`` on the CPU), the reloaded MindIRs of all ranks run together
+too. The whole set is one ``FolderSet``: the ranks write into its staging folder, and it is put in place only
+when every rank succeeded.
 
 MindSpore names the world group of a CPU job ``mccl_world_group`` and that of an Ascend job ``hccl_world_group``.
-An ``ascend`` export's collectives are renamed to the latter (what the same export on an Ascend host records);
-whether the graphs load under HCCL has not been checked (no NPU): the manifest says so.
+An ``ascend`` export made on a CPU renames its collectives' group to the latter (what the same export on an
+Ascend host records); each rank's manifest says which group its graph names and what ran with it.
 """
 import argparse
 import dataclasses
@@ -68,69 +69,86 @@ class ShardedFeed:
         return {"tokens_input": int(inputs[1][0])}
 
 
-def _replicated_feed(shape):
-    from ms_swiglu.export.exporter import Feed  # noqa: PLC0415
-
-    class ReplicatedFeed(Feed):
-        zero_tokens = "not in the graph: every rank returns [..., 0, H] without calling it, together"
-
-    return ReplicatedFeed(shape)
-
-
-def _communication(rank, ep_size, dispatch, target):
-    """The callback that names the groups of a rank's MindIR for ``target`` and returns its manifest entry."""
+def _communication(rank, ep_size, dispatch, backend, device):
+    """The callback that names the world group of a rank's MindIR for ``backend``'s device and returns the
+    manifest's entry."""
     from ms_swiglu.export.mindir import collectives, rename_group  # noqa: PLC0415
 
     def name_groups(path):
-        group = HCCL_GROUP if target == "ascend" else CPU_GROUP
-        if group != CPU_GROUP:
-            rename_group(path, CPU_GROUP, group)
-        found = collectives(path)
-        return {"rank": rank, "ep_size": ep_size, "dispatch": dispatch, "group": group, "exported_as": CPU_GROUP,
-                "collectives": found,
-                "checked": "under msrun between CPU processes" if group == CPU_GROUP else
-                "not under HCCL (no NPU): the group is renamed to the world group MindSpore creates on Ascend"}
+        exported = collectives(path)[0]["group"]
+        group = HCCL_GROUP if backend.device == "Ascend" else exported
+        if group != exported:
+            rename_group(path, exported, group)
+        checked = f"the twin's collectives ran between {device} processes under msrun"
+        if group != exported:
+            checked += (f"; renamed from {exported} to the world group MindSpore creates on Ascend, not loaded under "
+                        f"HCCL")
+        return {"rank": rank, "ep_size": ep_size, "dispatch": dispatch, "group": group, "exported_as": exported,
+                "collectives": collectives(path), "checked": checked}
 
     return name_groups
 
 
-def export_rank(req, stage, ep_size, dispatch):
-    """This rank's MindIR and kit in the folder ``stage``/rank{r} (run by every rank of the msrun job)."""
+def golden(req, path):
+    """The golden cases of ``req`` (one MoE layer) from the whole layer, in this one process, saved to ``path``
+    (.npz): the ranks take their parts, so the whole layer is held once. ``req.dtype`` and ``req.quant`` are
+    settled to the layer's."""
     import mindspore as ms  # noqa: PLC0415
 
-    from ms_swiglu import parallel  # noqa: PLC0415
+    from ms_swiglu.checkpoint.load import load_block  # noqa: PLC0415
+    from ms_swiglu.export.exporter import check_host, golden_cases, golden_net, settle_request  # noqa: PLC0415
+
+    _, chip = check_host(req)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    whole = load_block(req.checkpoint, req.layers[0], dtype=req.dtype, backend="composite", quant=req.quant)
+    settle_request(req, whole, chip)
+    cases = golden_cases(req, whole.hidden_size, golden_net(req, whole), whole)
+    np.savez(path, **{f"{what}{i}": a for i, case in enumerate(cases) for what, a in zip(("x", "y", "ambiguous"),
+                                                                                        case)})
+
+
+def _cases(path):
+    with np.load(path) as f:
+        return [(f[f"x{i}"], f[f"y{i}"], f[f"ambiguous{i}"].tolist()) for i in range(len(f.files) // 3)]
+
+
+def export_rank(req, stage, ep_size, dispatch, golden_path):
+    """This rank's MindIR and kit in the folder ``stage``/rank{r} (run by every rank of the msrun job), its
+    golden outputs its part of the cases at ``golden_path``."""
+    import mindspore as ms  # noqa: PLC0415
+
+    from ms_swiglu import backends, parallel  # noqa: PLC0415
     from ms_swiglu.checkpoint.load import load_block  # noqa: PLC0415
     from ms_swiglu.export.exporter import (  # noqa: PLC0415
-        TARGETS, check_host, golden_net, settle_request, write_kit, write_manifest)
+        TARGETS, Feed, check_host, settle_request, twin_backend, write_kit, write_manifest)
     from ms_swiglu.export.verify_on_device import verify  # noqa: PLC0415
 
     rank = parallel.init(ep_size)
     device, chip = check_host(req)
     ms.set_context(mode=ms.GRAPH_MODE)
-    layer, config = req.layers[0], _config(req)
+    layer, config, backend = req.layers[0], _config(req), backends.get(TARGETS[req.target])
     ep = {"ep_size": ep_size, "rank": rank, "dispatch": dispatch}
-    net = load_block(req.checkpoint, layer, dtype=req.dtype, backend=TARGETS[req.target], quant=req.quant, **ep)
+    net = load_block(req.checkpoint, layer, dtype=req.dtype, backend=backend, quant=req.quant, **ep)
     settle_request(req, net, chip)
-    # the golden network: the whole layer (every rank's experts) in float32 from the weights in the dtype
-    whole = load_block(req.checkpoint, layer, dtype=req.dtype, backend="composite", quant=req.quant)
-    twin_backend = TARGETS[req.target] if req.target != "ascend" else "cpu" if req.quant else "composite"
-    twin = net if twin_backend == TARGETS[req.target] else load_block(
-        req.checkpoint, layer, dtype=req.dtype, backend=twin_backend, quant=req.quant, **ep)
+    runs_here = backend.runs_on(device)
+    twin = net if runs_here else load_block(req.checkpoint, layer, dtype=req.dtype,
+                                            backend=twin_backend(req, device), quant=req.quant, **ep)
     hidden = config.hidden_size
-    shape = [-1, -1, hidden]
-    feed = ShardedFeed(hidden, ep_size, rank) if parallel.DISPATCH[dispatch].own_tokens else _replicated_feed(shape)
+    sharded = parallel.DISPATCH[dispatch].own_tokens
+    feed = ShardedFeed(hidden, ep_size, rank) if sharded else Feed([-1, -1, hidden])
     kit = os.path.join(stage, f"rank{rank}")
     os.makedirs(kit)
-    manifest = write_kit(req, kit, net, hidden, config.moe.intermediate_size, config.model_type, device, chip,
-                         feed=feed, twin=twin, gold=golden_net(req, whole),
-                         comm=_communication(rank, ep_size, dispatch, req.target))
-    if req.target != "ascend":  # the reloaded MindIRs run here, every rank's together
+    manifest = write_kit(req, kit, net, hidden, config.intermediate_size, config.model_type, device, chip,
+                         feed=feed, twin=twin, cases=_cases(golden_path),
+                         comm=_communication(rank, ep_size, dispatch, backend, device),
+                         allowed=net.dispatch.graph_ops | backend.facts.partial_ops)
+    if runs_here:  # the reloaded MindIRs of every rank, run together
         lines = []
-        if verify(kit, "CPU", calls=1, out=lines.append) != 0:
+        if verify(kit, device, calls=1, out=lines.append) != 0:
             raise RuntimeError(f"export: expected rank {rank}'s reloaded MindIR to pass the acceptance criterion, "
                                f"got {lines[-1] if lines else 'no result'}")
         manifest["verification"]["reloaded"] = lines
-        manifest["checked"]["golden"] = "reloaded MindIR on the CPU, every rank together under msrun"
+        manifest["checked"]["golden"] = f"reloaded MindIR on {device}, every rank together under msrun"
         write_manifest(kit, manifest)
     return manifest
 
@@ -149,8 +167,13 @@ def check_request(req, ep_size, dispatch):
     if not req.checkpoint or req.stack:
         raise InputError("--ep-size: expected --checkpoint and --layer N (one MoE layer), got "
                          f"{'--preset' if req.preset else '--layers'}")
-    if req.target not in ("ascend", "portable"):
-        raise InputError(f"--ep-size: expected --target ascend or portable, got {req.target}")
+    from ms_swiglu import backends  # noqa: PLC0415
+    from ms_swiglu.export.exporter import TARGETS  # noqa: PLC0415
+
+    if req.target not in TARGETS or not backends.get(TARGETS[req.target]).facts.deployable:
+        deployable = [t for t, b in TARGETS.items() if backends.get(b).facts.deployable]
+        raise InputError(f"--ep-size: expected --target {' or '.join(deployable)} (graphs that deploy), got "
+                         f"{req.target}")
     if req.air or req.static_shape:
         raise InputError(f"--ep-size: expected a dynamic MindIR, got {'--air' if req.air else '--static-shape'}")
     if dispatch not in DISPATCHES:
@@ -177,18 +200,20 @@ def export_ep(req, ep_size, dispatch, master_port=None):
     with FolderSet(req.output_dir, [k + "/" for k in kits] + ["manifest.json", "verify_on_device.py"], req.force,
                    label="--output-dir", noun="export", manifest="manifest.json") as out:
         with Job(ep_size, master_port) as job:
+            cases = os.path.join(job.work, "golden.npz")
+            golden(req, cases)  # settles req's dtype and weight format for the ranks
             request = os.path.join(job.work, "request.json")
             with open(request, "w") as f:
                 json.dump(dataclasses.asdict(req), f)
             job.run(WORKER, ["--request", request, "--stage", out.stage, "--ep-size", str(ep_size),
-                             "--dispatch", dispatch])
+                             "--dispatch", dispatch, "--golden", cases])
         ranks = []
         for kit in kits:
             with open(os.path.join(out.stage, kit, "manifest.json")) as f:
                 ranks.append(json.load(f))
         shutil.copyfile(KIT_SCRIPT, os.path.join(out.stage, "verify_on_device.py"))
         first = ranks[0]
-        device = "CPU" if req.target == "portable" else "Ascend"
+        device = "CPU" if first["communication"]["group"] == CPU_GROUP else "Ascend"
         manifest = {
             "name": first["name"], "target": req.target, "dtype": first["dtype"], "ep_size": ep_size,
             "dispatch": dispatch, "moe": first["moe"], "weights": first["weights"],
@@ -213,11 +238,12 @@ def main(argv=None):
     p.add_argument("--stage", required=True)
     p.add_argument("--ep-size", type=int, required=True)
     p.add_argument("--dispatch", required=True)
+    p.add_argument("--golden", required=True)
     args = p.parse_args(argv)
     with open(args.request) as f:
         fields = json.load(f)
     req = ExportRequest(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-    export_rank(req, args.stage, args.ep_size, args.dispatch)
+    export_rank(req, args.stage, args.ep_size, args.dispatch, args.golden)
     return 0
 
 

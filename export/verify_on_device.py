@@ -183,10 +183,14 @@ def main(argv=None):
                   f"verify_command), got a single process", file=sys.stderr)
             return 2
         import mindspore as ms  # noqa: PLC0415
-        from mindspore.communication import get_rank, init  # noqa: PLC0415
+        from mindspore.communication import get_group_size, get_rank, init  # noqa: PLC0415
 
         ms.set_device(args.device)
         init()
+        if get_group_size() != len(ranks):
+            print(f"verify_on_device: expected {len(ranks)} ranks (the set's kits), got {get_group_size()}",
+                  file=sys.stderr)
+            return 2
         kit = os.path.join(args.kit, ranks[get_rank()]["kit"])
         return verify(kit, args.device, max(args.calls, 0), args.lite,
                       out=lambda line: print(f"rank {get_rank()}: {line}", flush=True))

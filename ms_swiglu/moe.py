@@ -3,9 +3,9 @@
 Shape legend: T = tokens (any leading dims), H = hidden_size, I = intermediate_size (per expert), E = num_experts,
 k = top_k, p = tp_size, K = ep_size, I_s = shared_intermediate_size.
 
-    xs, valid = dispatch.gather(x, tokens)                 # [T, H]; sharded expert parallelism: [K T, H]
+    xs, counts = dispatch.gather(x, tokens)                # [T, H]; sharded expert parallelism: [K T, H]
     weights, ids = router(xs)                              # -> [T, k] float32, [T, k] int32
-    ids = dispatch.local(ids, valid)                       # expert parallelism: this rank's experts, -1 others'
+    ids = dispatch.local(ids, counts)                      # expert parallelism: this rank's experts, -1 others'
     out = dispatch.combine(experts(xs, ids, weights))      # sum_j weights[t, j] * expert_ids[t, j](x[t])
     out += [sigmoid(shared_expert_gate(x)) *] shared_expert(x)      # Qwen2-MoE (gated), DeepSeek-V3
     out = reduce(out)                                      # tensor parallelism: AllReduce
@@ -126,6 +126,10 @@ class PackedMoE(TokenCell):
 
     def __call__(self, *args, **kwargs):
         x = args[0] if args else kwargs.get("x")
+        given = len(args) > 1 or kwargs.get("tokens") is not None
+        if given != self.dispatch.own_tokens:
+            raise InputError(f"tokens: expected it with sharded dispatch only (this block's: {self.dispatch.name}), "
+                             f"got {'it' if given else 'none'}")
         if self.dispatch.own_tokens and isinstance(x, ms.Tensor) and 0 in x.shape[:-1]:
             raise InputError(f"x: expected this rank's tokens padded to the job's row count (at least 1: every rank "
                              f"joins the collectives), got shape {list(x.shape)}")
@@ -135,9 +139,9 @@ class PackedMoE(TokenCell):
         shape, dtype = ops.shape(x), x.dtype
         if len(shape) != 2:
             x = _reshape(x, (-1, shape[-1]), self.upcast)  # [..., H] -> [T, H]
-        xs, valid = self.dispatch.gather(x, tokens)  # [T, H] (sharded: [K T, H], [K T] bool)
+        xs, counts = self.dispatch.gather(x, tokens)  # [T, H] (sharded: [K T, H] and each rank's real rows [K])
         weights, ids = self.router(xs)  # [T, k] float32, [T, k] int32
-        ids = self.dispatch.local(ids, valid)  # expert parallelism: this rank's, -1 for others'
+        ids = self.dispatch.local(ids, counts)  # expert parallelism: this rank's, -1 for others'
         out = self.dispatch.combine(self.experts(xs, ids, weights))  # [T, H]
         if self.shared_expert is not None:
             shared = self.shared_expert(x)  # [T, H]

@@ -21,10 +21,10 @@ class _Collective(nn.Cell):
     def __init__(self, op):
         super().__init__()
         self.op = op
-        self.widen_bf16 = ms.get_context("device_target") == "CPU"
+        self.on_cpu = ms.get_context("device_target") == "CPU"
 
     def construct(self, x):
-        if self.widen_bf16 and x.dtype == mstype.bfloat16:
+        if self.on_cpu and x.dtype == mstype.bfloat16:
             return self.op(x.astype(mstype.float32)).astype(x.dtype)
         return self.op(x)
 
@@ -52,18 +52,19 @@ class Dispatch(nn.Cell):
     """How a MoE block's tokens meet its routed experts (``PackedMoE``): every expert on this rank, no
     communication. The expert-parallel dispatchers below change the three steps around the same experts Cell:
 
-        xs, valid = dispatch.gather(x, tokens)   # the tokens this rank's experts see: [T, H] (or [K T, H])
-        ids = dispatch.local(ids, valid)         # global expert ids -> this rank's, -1 for another rank's
+        xs, counts = dispatch.gather(x, tokens)  # the tokens this rank's experts see: [T, H] (or [K T, H])
+        ids = dispatch.local(ids, counts)        # global expert ids -> this rank's, -1 for another rank's
         out = dispatch.combine(experts(xs, ids, weights))    # each token's sum over every rank: [T, H]
     """
 
     name = "local"
     own_tokens = False  # each rank brings its own tokens (and joins the collectives even with none)
+    graph_ops = frozenset()  # the op types its steps add to a block's graph (the exporter allows them)
 
     def gather(self, x, tokens):  # noqa: ARG002 -- ``tokens``: the sharded dispatcher's
         return x, None
 
-    def local(self, ids, valid):  # noqa: ARG002
+    def local(self, ids, counts):  # noqa: ARG002
         return ids
 
     def combine(self, out):
@@ -76,6 +77,7 @@ class ReplicatedTokens(Dispatch):
     Traffic per rank: the AllReduce of [T, H]."""
 
     name = "replicated"
+    graph_ops = frozenset({"AllReduce", "Sub", "GreaterEqual", "LessScalar", "LogicalAnd"})
 
     def __init__(self, num_experts, ep_size, ep_rank):
         super().__init__()
@@ -83,11 +85,11 @@ class ReplicatedTokens(Dispatch):
         self.first = ms.Tensor(ep_rank * self.count, mstype.int32)
         self.reduce = AllReduceSum()
 
-    def local(self, ids, valid):
+    def local(self, ids, counts):
         local = ids - self.first  # [R, k] int32
         mine = ops.logical_and(local >= 0, local < self.count)
-        if valid is not None:  # padded rows: on no rank
-            mine = ops.logical_and(mine, valid.expand_dims(-1))
+        if counts is not None:  # sharded tokens: the padded rows go to no expert
+            mine = ops.logical_and(mine, _real_rows(ids, counts))
         return (local + 1) * mine.astype(mstype.int32) - 1  # this rank's index, or -1
 
     def combine(self, out):
@@ -104,6 +106,7 @@ class ShardedTokens(ReplicatedTokens):
 
     name = "sharded"
     own_tokens = True
+    graph_ops = ReplicatedTokens.graph_ops | {"AllGather", "OnesLike", "CumSum", "LessEqual", "Gather", "Squeeze"}
 
     def __init__(self, num_experts, ep_size, ep_rank):
         super().__init__(num_experts, ep_size, ep_rank)
@@ -111,20 +114,25 @@ class ShardedTokens(ReplicatedTokens):
         self.gather_rows, self.gather_counts = AllGatherRows(), ops.AllGather()
 
     def gather(self, x, tokens):
-        rows = ops.shape(x)[0]
-        if tokens is None:  # every row real on every rank
-            tokens = ops.fill(mstype.int32, (1,), rows)
         counts = self.gather_counts(tokens.astype(mstype.int32).reshape(1))  # [K]: each rank's real rows
-        valid = ops.arange(rows, dtype=mstype.int32).expand_dims(0) < counts.expand_dims(-1)  # [K, T]
-        return self.gather_rows(x), valid.reshape(-1)  # [K T, H], [K T]
+        return self.gather_rows(x), counts  # [K T, H], [K]
 
     def combine(self, out):
         dtype = out.dtype
-        if self.reduce.widen_bf16 and dtype == mstype.bfloat16:  # the CPU has no bfloat16 Reshape
+        if self.reduce.on_cpu and dtype != mstype.float32:  # the CPU has no bfloat16 or float16 Reshape
             out = out.astype(mstype.float32)
         out = self.reduce(out)  # [K T, H]: every token's sum over the ranks' experts
         rows = out.reshape(self.ep_size, -1, ops.shape(out)[-1])  # [K, T, H]
         return ops.gather(rows, self.rank, 0).squeeze(0).astype(dtype)  # this rank's own rows: [T, H]
+
+
+def _real_rows(ids, counts):
+    """[K T, 1] bool: whether each gathered row is one of its rank's ``counts`` [K] real rows, from the rows' ids
+    [K T, k] int32 (positions by a running sum of ones: no Range, whose length would come from a shape at run
+    time)."""
+    ones = ops.ones_like(ids[:, :1])  # [K T, 1] int32
+    position = ops.cumsum(ones.reshape(ops.shape(counts)[0], -1), 1)  # [K, T]: 1 .. T on every rank's rows
+    return (position <= counts.expand_dims(-1)).reshape(-1, 1)
 
 
 DISPATCH = {cls.name: cls for cls in (ReplicatedTokens, ShardedTokens)}

@@ -112,17 +112,17 @@ def run_layer(checkpoint, layer, x, *, dtype=None, backend="auto", repeat=3, tp_
     ms_dtype = param_dtype(mlp)
     moe = config.is_moe_layer(layer)  # (a dense layer of an expert-parallel job: whole on every rank)
     if ep_size > 1 and parallel.DISPATCH[dispatch].own_tokens:
-        call = _ShardedCall(mlp, x, ep_size, rank, moe)
+        call = _ShardedCall(mlp, x, ms_dtype, ep_size, rank, moe)
     else:
-        call = _WholeCall(mlp, x)
+        call = _WholeCall(mlp, x, ms_dtype)
     if backend.dynamic_shapes:
-        mlp.set_inputs(*call.inputs(ms_dtype))
-    y = call(ms_dtype)  # compiles
+        mlp.set_inputs(*call.specs)
+    y = call()  # compiles
     signals.pause_point("graph")
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        y = call(ms_dtype)
+        y = call()
         times.append((time.perf_counter() - t0) * 1e3)
     y = call.output(y)
     if rank != 0:
@@ -141,20 +141,18 @@ def run_layer(checkpoint, layer, x, *, dtype=None, backend="auto", repeat=3, tp_
 
 
 class _WholeCall:
-    """The block on all of ``x`` (every rank the same tokens)."""
+    """The block on all of ``x`` (every rank the same tokens); its input Tensors are made once, outside the timed
+    calls."""
 
-    def __init__(self, mlp, x):
-        self.mlp, self.x = mlp, x
-
-    def inputs(self, dtype):
+    def __init__(self, mlp, x, dtype):
         import mindspore as ms  # noqa: PLC0415
 
-        return (ms.Tensor(shape=[None] * (self.x.ndim - 1) + [self.x.shape[-1]], dtype=dtype),)
+        self.mlp, self.shape = mlp, x.shape
+        self.specs = (ms.Tensor(shape=[None] * (x.ndim - 1) + [x.shape[-1]], dtype=dtype),)
+        self.args = (ms.Tensor(x).astype(dtype),)
 
-    def __call__(self, dtype):
-        import mindspore as ms  # noqa: PLC0415
-
-        return self.mlp(ms.Tensor(self.x).astype(dtype))
+    def __call__(self):
+        return self.mlp(*self.args)
 
     def output(self, y):
         import mindspore as ms  # noqa: PLC0415
@@ -165,33 +163,26 @@ class _WholeCall:
 class _ShardedCall(_WholeCall):
     """Rank ``rank`` of ``ep_size`` on its own tokens: the r-th of K contiguous row blocks of ``x`` [..., H],
     padded to the largest block (at least 1 row, so that every rank joins the collectives); the output rows of
-    every rank are gathered (AllGather) and put back in the input's order. A dense layer computes its own rows
-    alone."""
+    every rank are gathered (AllGather) and put back in the input's order. A dense layer (``moe`` False) computes
+    its own rows alone."""
 
-    def __init__(self, mlp, x, ep_size, rank, moe):
-        super().__init__(mlp, x)
+    def __init__(self, mlp, x, dtype, ep_size, rank, moe):
+        import mindspore as ms  # noqa: PLC0415
+
         from ms_swiglu.parallel import AllGatherRows  # noqa: PLC0415
 
-        self.shape, flat = x.shape, x.reshape(-1, x.shape[-1])
+        self.mlp, self.shape, flat = mlp, x.shape, x.reshape(-1, x.shape[-1])
         self.blocks = np.array_split(np.arange(flat.shape[0]), ep_size)
         self.rows = max(1, max(len(b) for b in self.blocks))  # every rank's row count: the largest block
         mine = self.blocks[rank]
-        self.own = np.zeros((self.rows, flat.shape[1]), np.float32)
-        self.own[:len(mine)] = flat[mine]
-        self.count, self.moe = len(mine), moe  # a MoE block takes the count of real rows
+        own = np.zeros((self.rows, flat.shape[1]), np.float32)
+        own[:len(mine)] = flat[mine]
+        self.specs = (ms.Tensor(shape=[None, flat.shape[1]], dtype=dtype),)
+        self.args = (ms.Tensor(own).astype(dtype),)
+        if moe:  # a MoE block takes the count of real rows
+            self.specs += (ms.Tensor(shape=[1], dtype=ms.int32),)
+            self.args += (ms.Tensor([len(mine)], ms.int32),)
         self.gather = AllGatherRows()
-
-    def inputs(self, dtype):
-        import mindspore as ms  # noqa: PLC0415
-
-        x = ms.Tensor(shape=[None, self.shape[-1]], dtype=dtype)
-        return (x, ms.Tensor(shape=[1], dtype=ms.int32)) if self.moe else (x,)
-
-    def __call__(self, dtype):
-        import mindspore as ms  # noqa: PLC0415
-
-        x = ms.Tensor(self.own).astype(dtype)
-        return self.mlp(x, ms.Tensor([self.count], ms.int32)) if self.moe else self.mlp(x)  # [T_pad, H]
 
     def output(self, y):
         import mindspore as ms  # noqa: PLC0415

@@ -200,19 +200,24 @@ def pwned(folder):
     return sorted(f for f in os.listdir(folder) if f.startswith("PWNED"))
 
 
-def job_processes(folder):
-    """The launcher and worker processes of this test session: their command lines name the checkpoint `folder`
-    under pytest's temporary root, so another suite's on the same machine (a second `make test`) are not counted."""
-    root, found = os.path.dirname(folder), []
+def processes_naming(text):
+    """``["pid command line"]`` of the processes (but this one) whose command line holds ``text``."""
+    found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 args = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # (ended meanwhile)
             continue
-        if ("worker.py" in args or "msrun" in args) and root in args:
+        if str(text) in args and int(pid) != os.getpid():
             found.append(f"{pid} {args}")
     return found
+
+
+def job_processes(folder):
+    """The launcher and worker processes of this test session: their command lines name the checkpoint `folder`
+    under pytest's temporary root, so another suite's on the same machine (a second `make test`) are not counted."""
+    return [p for p in processes_naming(os.path.dirname(folder)) if "worker.py" in p or "msrun" in p]
 
 
 # `ms-swiglu` with the launcher's worker replaced by tests/tp_fault_worker.py (rank $TP_FAULT_RANK fails)
@@ -251,7 +256,7 @@ def tp_success(tp_ckpt, tmp_path_factory):
 
 
 OLD_JOBS = [f"20260101-00000{i}-999999{i}-x" for i in range(5)]  # failed jobs of ended processes, oldest first
-KILLED_JOB = "20260101-000009-9999990-k"  # a killed job's folder, with its input
+KILLED_JOB = "20260101-000009-9999990-k"  # a killed job's folder, still marked running
 
 
 @pytest.fixture(scope="session")
@@ -266,8 +271,7 @@ def tp_failure(tp_ckpt, tmp_path_factory):
         (jobs / name / "logs").mkdir(parents=True)
         os.utime(jobs / name, (i, i))
     (jobs / KILLED_JOB).mkdir()
-    (jobs / KILLED_JOB / "input.npy").write_bytes(b"")
-    (jobs / KILLED_JOB / "running").write_bytes(b"")  # what a job leaves until it ends
+    (jobs / KILLED_JOB / "running").write_bytes(b"")  # what a job's folder holds until the job ends
     r = subprocess.run(FAULTY_TP + ["run", "--checkpoint", tp_ckpt[0], "--layer", "0", "--input", str(root / "x.npy"),
                                     "--output", str(root / "y.npy"), "--tp-size", "2"], capture_output=True,
                        text=True, timeout=600, env=dict(os.environ, TMPDIR=str(root / "tmp"), TP_FAULT_RANK="1"))

@@ -18,9 +18,11 @@ from ms_swiglu import parallel
 from ms_swiglu.checkpoint.load import load_moe
 
 K = 2
-# (checkpoint, dtype, quant): every family in float32; bfloat16 and int8 (bfloat16 activations) on two of them
+# (checkpoint, dtype, quant): every family in float32; bfloat16 and int8 (bfloat16 activations) on two of them,
+# float16 on one
 BLOCKS = [("mixtral", "float32", None), ("qwen2_moe", "float32", None), ("qwen3_moe", "float32", None),
           ("deepseek_v3", "float32", None), ("qwen2_moe", "bfloat16", None), ("deepseek_v3", "bfloat16", None),
+          ("qwen3_moe", "float16", None),
           ("qwen3_moe", "bfloat16", "int8"), ("deepseek_v3", "bfloat16", "int8")]
 # rows each rank brings with sharded tokens (replicated: every rank all of them): 1 token; fewer tokens than
 # ranks; none on one rank; uneven; many

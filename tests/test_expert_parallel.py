@@ -23,7 +23,7 @@ from ms_swiglu.export.exporter import CONTROL_FLOW
 from ms_swiglu.export.mindir import collectives, op_types
 from ms_swiglu.layout import ParallelLayout
 from ms_swiglu.parallel import dispatch_cell
-from conftest import TOL, assert_close, cli_batch
+from conftest import TOL, assert_close, cli_batch, processes_naming
 from ep_worker import BLOCKS, ROWS
 from hf_checkpoint import make_checkpoint, to_fp8
 from moe_reference import rnd, silu
@@ -150,6 +150,85 @@ def test_an_id_below_minus_one_is_an_error():
     assert r.returncode != 0 and re.search(r"function\((Moe\w+)\) is 4", r.stderr), r.stderr[-2000:]
 
 
+class _DocumentedMoEOps:
+    """NumPy stand-ins for the Ascend MoE primitives (no CPU kernel), from their documented contracts, for
+    PYNATIVE_MODE: MoeInitRoutingV2 groups the T k rows by expert stably and counts them, and takes only ids in
+    [0, expert_num); GroupedMatmulV4 computes the rows of each group of ``group_list`` (counts), one group per
+    weight, and leaves the rows past them as they were (NaN here); MoeTokenUnpermute sums each token's k rows,
+    weighted."""
+
+    def __init__(self):
+        self.expert_nums = []
+
+    def init_routing(self, x, ids, active, capacity, expert_num, drop_pad, count_flag, before):  # noqa: ARG002
+        ids = ids.asnumpy().reshape(-1)
+        assert ids.min() >= 0 and ids.max() < expert_num, f"ids {ids} outside [0, {expert_num})"
+        self.expert_nums.append(expert_num)
+        k = ids.size // x.shape[0]
+        order = np.argsort(ids, kind="stable")
+        place = np.empty_like(order)
+        place[order] = np.arange(order.size)
+        counts = np.bincount(ids, minlength=expert_num)
+        return ms.Tensor(x.asnumpy()[order // k]), ms.Tensor(place.astype(np.int32)), ms.Tensor(counts), None
+
+    def gmm(self, xs, ws, *args, split_item, group_type, group_list_type):  # noqa: ARG002
+        x, w, counts = xs[0].asnumpy(), ws[0].asnumpy(), args[6].asnumpy()
+        assert len(counts) == w.shape[0] and group_list_type == 1
+        y = np.full((x.shape[0], w.shape[2]), np.nan, np.float32)
+        start = 0
+        for g, n in enumerate(counts):
+            y[start:start + n] = x[start:start + n] @ w[g]
+            start += n
+        return [ms.Tensor(y)]
+
+    def unpermute(self, y, place, probs):
+        y, place, probs = y.asnumpy(), place.asnumpy(), probs.asnumpy()
+        k = probs.shape[1]
+        return ms.Tensor(np.stack([sum(probs[t, j] * y[place[t * k + j]] for j in range(k))
+                                   for t in range(probs.shape[0])]).astype(np.float32))
+
+
+def test_the_ascend_sink_group_computes_only_this_ranks_slots(monkeypatch):
+    """The ascend experts of an expert-parallel rank (SinkGroupExperts) on the documented primitives: -1 slots
+    reach MoeInitRoutingV2 as the sink group E (never -1), the grouped matmuls run E groups, and the sink rows
+    (NaN, never computed) add nothing: the result is the NumPy sum over this rank's slots."""
+    from ms_swiglu.backends import ascend  # noqa: PLC0415
+    from ms_swiglu.backends.composite import swiglu  # noqa: PLC0415
+
+    rng = np.random.default_rng(4)
+    t, k, experts = 7, 3, 3
+    x = rng.standard_normal((t, H)).astype(np.float32)
+    w_gate_up = (rng.standard_normal((experts, 2 * I, H)) / np.sqrt(H)).astype(np.float32)
+    w_down = (rng.standard_normal((experts, H, I)) / np.sqrt(I)).astype(np.float32)
+    ids = rng.integers(-1, experts, (t, k)).astype(np.int32)
+    weights = rng.random((t, k)).astype(np.float32)
+    fake = _DocumentedMoEOps()
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        op = resolve("ascend").experts(ms.float32, formats.NONE, True)
+        assert isinstance(op, ascend.SinkGroupExperts)
+        op.init_routing, op.gmm, op.unpermute = fake.init_routing, fake.gmm, fake.unpermute
+        monkeypatch.setattr(ascend.ops, "swiglu", lambda h, dim: swiglu(h))  # gate first, as Swiglu
+        got = op(ms.Tensor(x), ms.Tensor(ids), ms.Tensor(weights), ms.Tensor(op.store(w_gate_up)),
+                 ms.Tensor(op.store(w_down))).asnumpy()
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    assert fake.expert_nums == [experts + 1]
+    want = _ref_experts(x.astype(np.float64), ids, weights.astype(np.float64), w_gate_up.astype(np.float64),
+                        w_down.astype(np.float64), "float32", "cpu")
+    assert_close(got, want, "float32", "sink group")
+
+
+def test_tokens_go_with_sharded_dispatch_only():
+    from ms_swiglu import PackedMoE  # noqa: PLC0415
+
+    moe = PackedMoE(H, I, E, TOP_K, backend="composite")
+    x = ms.Tensor(np.ones((3, H), np.float32))
+    with pytest.raises(InputError, match="tokens: expected it with sharded dispatch only .this block's: local., "
+                                         "got it"):
+        moe(x, ms.Tensor([3], ms.int32))
+
+
 def test_dispatch_choices_are_checked():
     with pytest.raises(InputError, match="ep_size: expected a positive divisor of the number of experts 4, got 3"):
         dispatch_cell(4, 3, 0)
@@ -193,11 +272,12 @@ def test_every_family_on_two_ranks_equals_one_process(ep_cells, block, dispatch)
     """Each rank's output against the one-process block on the same tokens. Float32 within its tolerance. In
     bfloat16 (and int8 with bfloat16 activations) each rank rounds its experts' partial sum p_r to bfloat16
     before the AllReduce adds them: one rounding more per rank than one process, each at most u |p_r| with
-    u = 2^-8 (bfloat16's unit roundoff). The partials can cancel (|p_0| + |p_1| >> |y|), so the bound is
-    atol + rtol |y| + u (|p_0| + |p_1|), with p_r each rank's partial as it computed it (ep_worker.Partial)."""
+    u = 2^-8 (bfloat16's unit roundoff; float16's 2^-11). The partials can cancel (|p_0| + |p_1| >> |y|), so the
+    bound is atol + rtol |y| + u (|p_0| + |p_1|), with p_r each rank's partial as it computed it
+    (ep_worker.Partial)."""
     name, dtype, quant = block
     atol, rtol = TOL[dtype]
-    u = 0.0 if dtype == "float32" else 2.0 ** -8
+    u = {"float32": 0.0, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dtype]
     cases = 0
     for rank, results in ep_cells.items():
         for key in [k for k in results if k.startswith(f"{name}/{dtype}/{quant}/") and f"/{dispatch}/got" in k]:
@@ -313,18 +393,24 @@ def test_run_with_ep_size_equals_one_process(ep_runs):
 
 @pytest.fixture(scope="module")
 def ep_exports(ckpts, tmp_path_factory):
-    """`export --ep-size 2`: DeepSeek-V3's MoE layer for Ascend in bfloat16 with sharded tokens, Qwen2-MoE's
-    portable in float32 with replicated tokens (whose reloaded MindIRs run on the CPU), then the portable set's
+    """`export --ep-size 2`: DeepSeek-V3's MoE layer for Ascend from its int8 bfloat16 rank files with sharded
+    tokens (and the same conversion whole, for the test's own golden outputs), Qwen2-MoE's portable from the HF
+    folder in float32 with replicated tokens (whose reloaded MindIRs run on the CPU), then the portable set's
     verify command under msrun."""
     root = tmp_path_factory.mktemp("ep_exports")
-    runs = cli_batch([["export", "--checkpoint", ckpts["deepseek_v3"], "--layer", "1", "--ep-size", "2", "--dispatch",
-                       "sharded", "--dtype", "bfloat16", "--output-dir", str(root / "ascend")],
+    q = ["convert", "--checkpoint", ckpts["deepseek_v3"], "--dtype", "bfloat16", "--quantize", "int8", "--output"]
+    runs = cli_batch([q + [str(root / "q.safetensors"), "--ep-size", "2"], q + [str(root / "whole.safetensors")],
+                      ["export", "--checkpoint", str(root / "q.safetensors"), "--layer", "1", "--ep-size", "2",
+                       "--dispatch", "sharded", "--output-dir", str(root / "ascend")],
                       ["export", "--checkpoint", ckpts["qwen2_moe"], "--layer", "0", "--ep-size", "2", "--target",
                        "portable", "--output-dir", str(root / "portable")],
                       ["export", "--checkpoint", ckpts["deepseek_v3"], "--layer", "0", "--ep-size", "2",
                        "--output-dir", str(root / "dense")],
-                      ["export", "--preset", "tiny", "--ep-size", "2", "--output-dir", str(root / "preset")]],
-                     timeout=900)
+                      ["export", "--preset", "tiny", "--ep-size", "2", "--output-dir", str(root / "preset")],
+                      ["export", "--checkpoint", ckpts["qwen2_moe"], "--layer", "0", "--ep-size", "2", "--target",
+                       "cpu", "--output-dir", str(root / "cpu")]], timeout=900)
+    assert [r.returncode for r in runs[:2]] == [0, 0], [r.stderr for r in runs[:2]]
+    runs = runs[2:]
     bin_dir = os.path.dirname(sys.executable)
     verify = subprocess.run([os.path.join(bin_dir, "msrun"), "--worker_num=2", "--local_worker_num=2",
                              f"--master_port={_port()}", f"--log_dir={root / 'verify_logs'}", "--join=True",
@@ -357,15 +443,13 @@ def test_export_writes_one_straight_line_kit_per_rank(ep_exports, ckpts):
             assert {"Swiglu", "GroupedMatmulV4", "MoeInitRoutingV2"} <= set(found)
 
 
-def test_export_golden_outputs_are_each_ranks_part_of_one_process(ep_exports, ckpts):
+def test_export_golden_outputs_are_each_ranks_part_of_one_process(ep_exports):
     """The sharded kits' golden outputs, rank 0's real rows then rank 1's, are the whole layer's output in
-    float32 from the bfloat16 weights, on the tokens of every case."""
+    float32 from the int8 weights and their scales (the same conversion, whole), on the tokens of every case."""
     root, _, _, _ = ep_exports
-    gold = load_moe(ckpts["deepseek_v3"], 1, dtype="bfloat16", backend="composite")
-    whole = load_moe(ckpts["deepseek_v3"], 1, dtype="float32", backend="composite")
-    for name, p in gold.parameters_and_names():  # float32 from exactly the bfloat16 values
-        dict(whole.parameters_and_names())[name].set_data(p.astype(ms.float32))
+    whole = load_moe(str(root / "whole.safetensors"), 1, dtype="float32", backend="composite")
     kits = [json.loads((root / "ascend" / f"rank{r}" / "manifest.json").read_text()) for r in range(2)]
+    assert kits[0]["weights"]["quant"] == "int8" and kits[0]["dtype"] == "bfloat16"
     for c0, c1 in zip(kits[0]["golden"], kits[1]["golden"]):
         xs, ys = [], []
         for r, case in enumerate((c0, c1)):
@@ -388,7 +472,28 @@ def test_the_verify_command_passes_on_every_rank(ep_exports):
 
 def test_export_ep_refuses_what_it_cannot_split(ep_exports):
     root, runs, _, _ = ep_exports
-    assert [r.returncode for r in runs[2:]] == [2, 2]
+    assert [r.returncode for r in runs[2:]] == [2, 2, 2]
     assert "--layer: expected a MoE layer for --ep-size" in runs[2].stderr
     assert "--ep-size: expected --checkpoint and --layer N (one MoE layer), got --preset" in runs[3].stderr
-    assert not (root / "dense").exists() and not (root / "preset").exists()
+    assert "--ep-size: expected --target ascend or portable (graphs that deploy), got cpu" in runs[4].stderr
+    assert not any((root / d).exists() for d in ("dense", "preset", "cpu"))
+
+
+def test_a_failed_rank_leaves_no_export_and_keeps_its_logs(ckpts, tmp_path):
+    """Rank 1 of an export fails after rank 0 wrote into the set's staging folder (tests/ep_export_fault.py):
+    exit 1 with one line naming the log, no entry in the output folder, no process left; the job keeps its
+    logs only."""
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    tmp.mkdir()
+    cmd = [sys.executable, "-c", "import sys; from ms_swiglu.export import parallel; parallel.WORKER = sys.argv[1]; "
+           "from ms_swiglu import cli; sys.exit(cli.main(sys.argv[2:]))", os.path.join(HERE, "ep_export_fault.py"),
+           "export", "--checkpoint", ckpts["qwen3_moe"], "--layer", "0", "--ep-size", "2", "--output-dir", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, TMPDIR=str(tmp)))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "worker 1 failed: RuntimeError: injected failure on rank 1" in r.stderr
+    log = r.stderr.strip().rsplit("(log: ", 1)[1].rstrip(")")
+    assert os.path.exists(log) and log.startswith(str(tmp))
+    assert not out.exists() or os.listdir(out) == []  # neither rank0/ nor the staging folder
+    job = os.path.dirname(os.path.dirname(log))
+    assert os.listdir(job) == ["logs"]
+    assert not processes_naming(tmp)

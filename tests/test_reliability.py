@@ -546,7 +546,7 @@ def test_tp_job_folders_are_removed_or_kept_for_diagnosis_and_pruned(tp_success,
     assert log.startswith(str(jobs)) and os.path.exists(log)
     job = os.path.basename(os.path.dirname(os.path.dirname(log)))
     assert sorted(os.listdir(jobs)) == sorted(OLD_JOBS[2:] + [job])  # the newest three earlier failed jobs
-    assert not (jobs / job / "input.npy").exists()  # the input is not kept, only the logs
+    assert os.listdir(jobs / job) == ["logs"]  # the logs only: neither the input nor the running mark
 
 
 def test_ctrl_c_leaves_no_job_folder(tp_interrupted):

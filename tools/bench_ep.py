@@ -15,7 +15,8 @@ rank runs the same calls in the same order: their collectives pair). It reports,
                algorithm: each token's hidden vector sent from its home rank (the sharded row block it belongs
                to) to the other ranks that hold one of its top-k experts, and their results back
     time       min / median ms per call, and the ranks' median ratio ep / tp (paired by round). The K ranks share
-               the host's cores: a ratio says how the work and the collectives compare here, not what K devices do
+               the host's cores: a ratio says how the work and the collectives compare on that host, not what K
+               devices do
 
 Usage: python -m ms_swiglu.tools.bench_ep [--shape qwen3-30b-a3b deepseek-v3-64e] [--tokens 1 16 256]
                                           [--ranks 2] [--rounds 5] [--json F]
@@ -82,7 +83,7 @@ def worker(shape, tokens, rounds, out):
     with empty_weights():  # the single process's block: its sizes only, nothing allocated
         whole = PackedMoE(hidden, inter, experts, k, **kw)
         single = _nbytes(whole), _routed(whole)
-    ms.set_seed(rank)
+    ms.set_seed(0)  # the same weights on every rank: the replicated router routes every token alike
     blocks = {"tp": PackedMoE(hidden, inter, experts, k, tp_size=ranks, **kw),
               "ep-replicated": PackedMoE(hidden, inter, experts, k, ep_size=ranks, ep_rank=rank, **kw)}
     with empty_weights():

@@ -22,10 +22,10 @@ ASCEND_OPS = frozenset({
     # the MoE block: the routers (softmax / sigmoid group top-k) and the grouped experts
     "BroadcastTo", "Div", "ExpandDims", "GatherD", "Greater", "LogicalNot", "MaskedFill", "Muls", "OneHot",
     "Sigmoid", "Softmax", "Sort", "StridedSlice", "SumExt", "TopK",
-    "MoeInitRoutingV2", "GroupedMatmulV4", "InnerMoeTokenUnpermute",
-    # expert parallelism: the dispatchers (ms_swiglu.parallel) and the experts' sink group
-    "AllReduce", "AllGather", "Sub", "GreaterEqual", "Less", "LessScalar", "LogicalAnd", "Gather", "Squeeze",
-    "Range", "ScalarToTensor", "TensorToScalar", "NanToNum"})
+    "MoeInitRoutingV2", "GroupedMatmulV4", "InnerMoeTokenUnpermute"})
+# what an expert-parallel rank's experts add (SinkGroupExperts); its dispatcher's collectives are the dispatcher's
+# (ms_swiglu.parallel, ``graph_ops``)
+SINK_GROUP_OPS = frozenset({"Less", "NanToNum"})
 
 
 def swiglu(x):
@@ -86,11 +86,6 @@ class GroupedExperts(ExpertsOp):
     GroupedMatmulV4 computes x W_e with W_e [in, out] and has no transpose, so this backend stores the stacked
     weights [E, H, 2I] and [E, I, H] (``in_out``).
 
-    ``partial`` (expert parallelism): a slot with id -1 belongs to another rank's expert. MoeInitRoutingV2 takes ids
-    in [0, E) only, so those slots go to a sink group E with weight 0: the grouped matmuls run the first E groups'
-    rows (``counts[:E]``), the sink rows hold whatever the output buffer held (zeroed by NanToNum before their
-    weight 0 multiplies them), as mindformers' all-gather dispatcher does.
-
     Shapes:
         x: [T, H]    ids: [T, k] int32    weights: [T, k] float32
         w_gate_up: [E, H, 2I] (columns [gate_e | up_e])    w_down: [E, I, H]    out: [T, H]
@@ -98,29 +93,27 @@ class GroupedExperts(ExpertsOp):
 
     in_out = True
 
-    def __init__(self, dtype, quant, partial=False):
+    def __init__(self, dtype, quant):
         super().__init__()
         _check_quant(dtype, quant)
-        self.partial = partial
         if quant.group:
             raise InputError(f"backend ascend, MoE experts: expected quant int8 (per-channel scales), got "
                              f"{quant.name}; "
                              f"GroupedMatmulV4 documents per-group antiquant for int4 weights only")
         self.init_routing, self.gmm, self.unpermute = MoeInitRoutingV2(), GroupedMatmulV4(), MoeTokenUnpermute()
 
+    def route(self, x, ids, weights, experts):
+        """(rows [T k, H] grouped by expert, their source rows, int64 row counts per expert [E], weights):
+        dropless (drop_pad_mode 0, active_num 0), counts (flag 2) per expert."""
+        rows, row_idx, counts, _ = self.init_routing(x, ids, 0, 0, experts, 0, 2, False)
+        return rows, row_idx, counts.astype(ms.int64), weights  # GroupedMatmulV4's group_list type 1: counts
+
+    def grouped(self, y):
+        """The grouped down projection's output [T k, H] as the unpermute takes it."""
+        return y
+
     def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None):
-        experts = ops.shape(w_gate_up)[0]
-        groups = experts
-        if self.partial:  # another rank's slots (-1) -> the sink group E, weight 0
-            elsewhere = ids < 0
-            ids = ids + elsewhere.astype(ms.int32) * (experts + 1)
-            weights = ops.masked_fill(weights, elsewhere, 0.0)
-            groups = experts + 1
-        # dropless (drop_pad_mode 0, active_num 0): rows [T k, H] by expert; counts (flag 2) per expert
-        rows, row_idx, counts, _ = self.init_routing(x, ids, 0, 0, groups, 0, 2, False)
-        if self.partial:
-            counts = counts[:experts]  # the sink's rows are not computed
-        counts = counts.astype(ms.int64)  # GroupedMatmulV4's group_list; group_list_type 1: counts
+        rows, row_idx, counts, weights = self.route(x, ids, weights, ops.shape(w_gate_up)[0])
         a_gate_up = None if s_gate_up is None else [s_gate_up.astype(x.dtype)]  # int8: antiquant scales
         a_down = None if s_down is None else [s_down.astype(x.dtype)]
         h = self.gmm([rows], [w_gate_up], None, None, None, a_gate_up, None, None, counts, split_item=3,
@@ -128,10 +121,37 @@ class GroupedExperts(ExpertsOp):
         h = ops.swiglu(h, -1)  # [T k, I]
         y = self.gmm([h], [w_down], None, None, None, a_down, None, None, counts, split_item=3, group_type=0,
                      group_list_type=1)[0]  # [T k, H]
-        if self.partial:
-            y = ops.nan_to_num(y, 0.0, 0.0, 0.0)  # the sink rows: never computed
         # probs in the activation dtype: with float32 probs the op would cast [T k, H] to float32 and back
-        return self.unpermute(y, row_idx, weights.astype(y.dtype))  # [T, H]
+        return self.unpermute(self.grouped(y), row_idx, weights.astype(y.dtype))  # [T, H]
+
+
+class SinkGroupExperts(GroupedExperts):
+    """The experts of one expert-parallel rank: a slot with id -1 belongs to another rank's expert.
+    MoeInitRoutingV2 takes ids in [0, E) only (and MindSpore 2.10 has no routing op with an expert range), so
+    those slots go to a sink group E with weight 0, as mindformers' all-gather dispatcher does: the grouped
+    matmuls compute the first E groups' rows (``counts[:E]``), the sink rows keep whatever their buffer held,
+    which their weight 0 cancels once NanToNum has made it finite (an overflow in a computed row stays visible
+    as the dtype's largest value)."""
+
+    LARGEST = {ms.float32: 3.4028234663852886e38, ms.float16: 65504.0, ms.bfloat16: 3.3895313892515355e38}
+
+    def __init__(self, dtype, quant):
+        super().__init__(dtype, quant)
+        self.largest = self.LARGEST[dtype]
+
+    def route(self, x, ids, weights, experts):
+        elsewhere = ids < 0
+        ids = ids + elsewhere.astype(ms.int32) * (experts + 1)  # -1 -> E, the sink
+        weights = ops.masked_fill(weights, elsewhere, 0.0)
+        rows, row_idx, counts, weights = super().route(x, ids, weights, experts + 1)
+        return rows, row_idx, counts[:experts], weights
+
+    def grouped(self, y):
+        return ops.nan_to_num(y, 0.0, self.largest, -self.largest)
+
+
+def _experts(dtype, quant, partial=False):
+    return (SinkGroupExperts if partial else GroupedExperts)(dtype, quant)
 
 
 BACKEND = Backend(
@@ -139,7 +159,7 @@ BACKEND = Backend(
     summary="MindSpore's MatMul, then the builtin Swiglu (Ascend: docs/ascend.md)",
     swiglu=lambda: SwiGLUOp(swiglu),
     linear=_linear,
-    experts=GroupedExperts,
+    experts=_experts,
     rms_norm=RMSNormOp,
     add=AddOp,
     device="Ascend",
@@ -147,5 +167,5 @@ BACKEND = Backend(
     upcasts_on_cpu=False,
     dynamic_shapes=True,
     facts=Facts(deployable="Ascend through MindSpore's runtime (docs/ascend.md)", graph_ops=frozenset({"Swiglu"}),
-                activation_bytes=materialised_bytes, allowed_ops=ASCEND_OPS),
+                activation_bytes=materialised_bytes, allowed_ops=ASCEND_OPS, partial_ops=SINK_GROUP_OPS),
 )

@@ -21,6 +21,7 @@ class Facts:
     # (n, hidden, inter, itemsize) -> bytes of the intermediate tensors one MLP call materialises
     activation_bytes: Callable
     allowed_ops: Optional[frozenset] = None  # when set, the only op types an exported graph may hold
+    partial_ops: frozenset = frozenset()  # op types its experts add on an expert-parallel rank (``partial``)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -224,6 +224,7 @@ class ConvertedFile:
             raise CheckpointError(f"{self.path}: expected the metadata ms-swiglu convert writes (tp_size, rank, set, "
                                   f"layers 'A-B', config JSON, dtype, quant), got a missing or malformed entry "
                                   f"({type(exc).__name__}: {exc})") from None
+        self.tp_size, self.ep_size = stored_tp, stored_ep
         if (stored_tp, stored_ep) != (tp_size, ep_size):
             raise CheckpointError(f"{self.path}: expected a conversion with {_sizes(tp_size, ep_size)}, got one "
                                   f"with {_sizes(stored_tp, stored_ep)}")

@@ -3,12 +3,14 @@ wrote. :func:`open_checkpoint` reads its config once; :meth:`Checkpoint.layer` g
 the weight format asked (or the one it is stored in). No MindSpore here."""
 import os
 
+import numpy as np
+
 from ms_swiglu import quant as formats
 from ms_swiglu.checkpoint import hf
 from ms_swiglu.checkpoint.converted import ConvertedFile
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
 from ms_swiglu.layout import WHOLE, ParallelLayout
-from ms_swiglu.schema import layer_tensors
+from ms_swiglu.schema import SCALE, layer_tensors
 
 
 def _at_load(config, layer, tensors, quant):
@@ -65,6 +67,7 @@ class ConvertedCheckpoint:
         self.path, self.where = path, os.path.abspath(path)
         first = ConvertedFile.any_rank(path)
         self.config, self.quant, self.layers = first.config, first.quant, first.layers
+        self.ep_size = first.ep_size  # an expert-parallel set also gives the whole layer (every rank's experts)
         self._files = {}
 
     def file(self, layout=WHOLE):
@@ -87,12 +90,26 @@ class ConvertedCheckpoint:
         self.config.check_ep(ep_size, layers)
 
     def layer(self, layer, layout=WHOLE, quant=None):
+        if layout == WHOLE and self.ep_size > 1:
+            return self._whole(layer, quant)
         file = self.file(layout)
         tensors, dtype = file.layer(layer)
         if file.quant:
             file.check_quant(quant)
             return tensors, dtype, formats.get(file.quant)
         tensors, method = _at_load(self.config, layer, tensors, quant)
+        return tensors, dtype, method
+
+
+    def _whole(self, layer, quant):
+        """A layer of an expert-parallel set whole: its routed experts (and their scales) from every rank's file,
+        in rank order, the rest from rank 0's."""
+        parts = [self.layer(layer, ParallelLayout.of(r, ep_size=self.ep_size), quant) for r in range(self.ep_size)]
+        tensors, dtype, method = dict(parts[0][0]), parts[0][1], parts[0][2]
+        for spec in layer_tensors(self.config, layer):
+            for kind in (spec.kind, spec.kind + SCALE) if spec.experts else ():
+                if kind in tensors:
+                    tensors[kind] = np.concatenate([p[0][kind] for p in parts])
         return tensors, dtype, method
 
 

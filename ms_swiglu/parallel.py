@@ -85,12 +85,16 @@ class ReplicatedTokens(Dispatch):
         self.first = ms.Tensor(ep_rank * self.count, mstype.int32)
         self.reduce = AllReduceSum()
 
-    def local(self, ids, counts):
-        local = ids - self.first  # [R, k] int32
-        mine = ops.logical_and(local >= 0, local < self.count)
-        if counts is not None:  # sharded tokens: the padded rows go to no expert
-            mine = ops.logical_and(mine, _real_rows(ids, counts))
-        return (local + 1) * mine.astype(mstype.int32) - 1  # this rank's index, or -1
+    def local(self, ids, counts):  # noqa: ARG002 -- every row is a real token
+        return self._local(ids, self._mine(ids))
+
+    def _mine(self, ids):
+        """[R, k] bool: the slots of this rank's experts."""
+        local = ids - self.first
+        return ops.logical_and(local >= 0, local < self.count)
+
+    def _local(self, ids, mine):
+        return (ids - self.first + 1) * mine.astype(mstype.int32) - 1  # [R, k]: this rank's index, or -1
 
     def combine(self, out):
         return self.reduce(out)
@@ -116,6 +120,9 @@ class ShardedTokens(ReplicatedTokens):
     def gather(self, x, tokens):
         counts = self.gather_counts(tokens.astype(mstype.int32).reshape(1))  # [K]: each rank's real rows
         return self.gather_rows(x), counts  # [K T, H], [K]
+
+    def local(self, ids, counts):
+        return self._local(ids, ops.logical_and(self._mine(ids), _real_rows(ids, counts)))  # padded rows: none
 
     def combine(self, out):
         dtype = out.dtype

@@ -27,6 +27,7 @@ import sys
 import numpy as np
 
 from ms_swiglu.errors import InputError
+from ms_swiglu.layout import own_rows, row_blocks
 
 CPU_GROUP, HCCL_GROUP = "mccl_world_group", "hccl_world_group"
 WORKER = os.path.abspath(__file__)
@@ -46,24 +47,16 @@ class ShardedFeed:
     def specs(self, dtype):
         return [([-1, self.hidden], dtype), ([1], "int32")]
 
-    def _mine(self, tokens):
-        blocks = np.array_split(np.arange(tokens), self.ep_size)
-        return blocks[self.rank], max(1, max(len(b) for b in blocks))
-
     def inputs(self, x):
-        flat = x.reshape(-1, self.hidden)
-        mine, rows = self._mine(len(flat))
-        own = np.zeros((rows, self.hidden), np.float32)
-        own[:len(mine)] = flat[mine]
-        return own, np.array([len(mine)], np.int32)
+        own, count = own_rows(x.reshape(-1, self.hidden), self.ep_size, self.rank)
+        return own, np.array([count], np.int32)
 
     def rows(self, y, tokens):
         flat = y.reshape(-1, self.hidden)
-        mine, rows = self._mine(len(flat))
-        own = np.zeros((rows, self.hidden), np.float32)
-        own[:len(mine)] = flat[mine]
-        ambiguous = [int(t) - int(mine[0]) for t in tokens if len(mine) and t in mine]
-        return own, ambiguous + list(range(len(mine), rows))  # padded rows: not compared
+        own, count = own_rows(flat, self.ep_size, self.rank)
+        mine = row_blocks(len(flat), self.ep_size)[0][self.rank]
+        ambiguous = [int(t) - int(mine[0]) for t in tokens if count and t in mine]
+        return own, ambiguous + list(range(count, len(own)))  # padded rows: not compared
 
     def case(self, inputs):
         return {"tokens_input": int(inputs[1][0])}
@@ -161,14 +154,14 @@ def _config(req):
 
 def check_request(req, ep_size, dispatch):
     """InputError for an expert-parallel export that cannot be made, before msrun starts."""
+    from ms_swiglu import backends  # noqa: PLC0415
     from ms_swiglu.checkpoint.source import open_checkpoint  # noqa: PLC0415
+    from ms_swiglu.export.exporter import TARGETS  # noqa: PLC0415
     from ms_swiglu.layout import DISPATCHES  # noqa: PLC0415
 
     if not req.checkpoint or req.stack:
         raise InputError("--ep-size: expected --checkpoint and --layer N (one MoE layer), got "
                          f"{'--preset' if req.preset else '--layers'}")
-    from ms_swiglu import backends  # noqa: PLC0415
-    from ms_swiglu.export.exporter import TARGETS  # noqa: PLC0415
 
     if req.target not in TARGETS or not backends.get(TARGETS[req.target]).facts.deployable:
         deployable = [t for t, b in TARGETS.items() if backends.get(b).facts.deployable]

@@ -21,7 +21,7 @@ from ms_swiglu.checkpoint.source import open_checkpoint
 from ms_swiglu.config import DTYPE_BYTES, DTYPE_NAMES, PRESETS
 from ms_swiglu import signals
 from ms_swiglu.errors import ArgumentParser, InputError
-from ms_swiglu.layout import DISPATCHES
+from ms_swiglu.layout import DISPATCHES, check_split
 from ms_swiglu.outputs import check_writable
 from ms_swiglu.quant import names as quant_names
 from ms_swiglu.processes import scratch_cwd
@@ -89,9 +89,7 @@ def cmd_run(args):
 
 
 def _one_split(args):
-    if args.tp_size > 1 and args.ep_size > 1:
-        raise UsageError(f"--tp-size, --ep-size: expected one of them 1 (expert parallelism beside tensor "
-                         f"parallelism is not supported), got {args.tp_size} and {args.ep_size}")
+    check_split(args.tp_size, args.ep_size, ("--tp-size", "--ep-size"))
 
 
 def cmd_convert(args):

@@ -4,6 +4,8 @@ schema (``ms_swiglu.schema``) and the split of scales from the quant method. No 
 """
 import dataclasses
 
+import numpy as np
+
 from ms_swiglu.errors import InputError
 from ms_swiglu.packing import check_tp, shard_down, shard_packed
 from ms_swiglu.schema import SCALE, Split
@@ -26,15 +28,9 @@ class ParallelLayout:
     @classmethod
     def of(cls, rank=0, tp_size=1, ep_size=1):
         """The layout of world rank ``rank`` with ``tp_size`` tensor-parallel or ``ep_size`` expert-parallel ranks
-        (one of them 1: the two are not combined)."""
-        if tp_size > 1 and ep_size > 1:
-            raise InputError(f"tp_size, ep_size: expected one of them 1 (expert parallelism beside tensor "
-                             f"parallelism is not supported), got {tp_size} and {ep_size}")
+        (one of them 1: :func:`check_split`)."""
+        check_split(tp_size, ep_size)
         return cls(tp_size, rank if tp_size > 1 else 0, ep_size, rank if ep_size > 1 else 0)
-
-    @property
-    def world_size(self):
-        return self.tp_size * self.ep_size
 
     @property
     def rank(self):
@@ -47,7 +43,7 @@ class ParallelLayout:
             raise InputError(f"ep_size: expected a positive divisor of the number of experts {num_experts}, got "
                              f"{self.ep_size}")
         if not isinstance(self.ep_rank, int) or not 0 <= self.ep_rank < self.ep_size:
-            raise InputError(f"rank: expected 0..{self.ep_size - 1}, got {self.ep_rank}")
+            raise InputError(f"ep_rank: expected 0..{self.ep_size - 1}, got {self.ep_rank}")
         n = num_experts // self.ep_size
         return range(self.ep_rank * n, (self.ep_rank + 1) * n)
 
@@ -93,6 +89,29 @@ class ParallelLayout:
             if scale is not None:
                 out[spec.kind + SCALE] = scale
         return out
+
+
+def row_blocks(tokens, ep_size):
+    """Sharded tokens: (each rank's rows of ``tokens`` rows, the r-th of K contiguous blocks; the row count every
+    rank pads its own to, the largest block and at least 1, so that every rank joins the collectives)."""
+    blocks = np.array_split(np.arange(tokens), ep_size)
+    return blocks, max(1, max(len(b) for b in blocks))
+
+
+def own_rows(x, ep_size, rank):
+    """(rank ``rank``'s rows of ``x`` [N, H], zero-padded to :func:`row_blocks`' count, as float32; its real
+    rows)."""
+    blocks, rows = row_blocks(len(x), ep_size)
+    own = np.zeros((rows, x.shape[-1]), np.float32)
+    own[:len(blocks[rank])] = x[blocks[rank]]
+    return own, len(blocks[rank])
+
+
+def check_split(tp_size, ep_size, names=("tp_size", "ep_size")):
+    """InputError unless one of ``tp_size`` and ``ep_size`` is 1 (``names``: how the caller spells them)."""
+    if tp_size > 1 and ep_size > 1:
+        raise InputError(f"{', '.join(names)}: expected one of them 1 (expert parallelism beside tensor "
+                         f"parallelism is not supported), got {tp_size} and {ep_size}")
 
 
 WHOLE = ParallelLayout()

@@ -20,6 +20,7 @@ from ms_swiglu.backends.matmul import cpu_upcast
 from ms_swiglu.cells import TokenCell
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
+from ms_swiglu.layout import check_split
 from ms_swiglu.linear import Dense
 from ms_swiglu.mlp import PackedSwiGLUMLP
 from ms_swiglu.packing import check_tp
@@ -102,9 +103,7 @@ class PackedMoE(TokenCell):
                              f"{scoring}, {sorted(router_options)})")
         router = router or router_config(scoring, **router_options)
         check_tp(intermediate_size, tp_size)
-        if tp_size > 1 and ep_size > 1:
-            raise InputError(f"tp_size, ep_size: expected one of them 1 (expert parallelism beside tensor "
-                             f"parallelism is not supported), got {tp_size} and {ep_size}")
+        check_split(tp_size, ep_size)
         self.dispatch = dispatch_cell(num_experts, ep_size, ep_rank, dispatch)
         self.compute_dtype = dtype = to_dtype(dtype)
         method = formats.get(quant)

@@ -11,7 +11,7 @@ from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
 from ms_swiglu.errors import InputError
-from ms_swiglu.layout import DISPATCHES
+from ms_swiglu.layout import DISPATCHES, ParallelLayout
 
 
 class _Collective(nn.Cell):
@@ -81,8 +81,8 @@ class ReplicatedTokens(Dispatch):
 
     def __init__(self, num_experts, ep_size, ep_rank):
         super().__init__()
-        self.count = num_experts // ep_size
-        self.first = ms.Tensor(ep_rank * self.count, mstype.int32)
+        mine = ParallelLayout(ep_size=ep_size, ep_rank=ep_rank).experts(num_experts)
+        self.count, self.first = len(mine), ms.Tensor(mine.start, mstype.int32)
         self.reduce = AllReduceSum()
 
     def local(self, ids, counts):  # noqa: ARG002 -- every row is a real token
@@ -151,11 +151,7 @@ def dispatch_cell(num_experts, ep_size=1, ep_rank=0, tokens="replicated"):
     (every rank has the same tokens) or "sharded" (each its own)."""
     if tokens not in DISPATCH:
         raise InputError(f"dispatch: expected one of {', '.join(DISPATCH)}, got {tokens!r}")
-    if not isinstance(ep_size, int) or ep_size < 1 or num_experts % ep_size:
-        raise InputError(f"ep_size: expected a positive divisor of the number of experts {num_experts}, got "
-                         f"{ep_size}")
-    if not isinstance(ep_rank, int) or not 0 <= ep_rank < ep_size:
-        raise InputError(f"ep_rank: expected 0..{ep_size - 1}, got {ep_rank}")
+    ParallelLayout(ep_size=ep_size, ep_rank=ep_rank).experts(num_experts)  # (checks both)
     return Dispatch() if ep_size == 1 else DISPATCH[tokens](num_experts, ep_size, ep_rank)
 
 

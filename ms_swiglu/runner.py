@@ -169,19 +169,17 @@ class _ShardedCall(_WholeCall):
     def __init__(self, mlp, x, dtype, ep_size, rank, moe):
         import mindspore as ms  # noqa: PLC0415
 
+        from ms_swiglu.layout import own_rows, row_blocks  # noqa: PLC0415
         from ms_swiglu.parallel import AllGatherRows  # noqa: PLC0415
 
         self.mlp, self.shape, flat = mlp, x.shape, x.reshape(-1, x.shape[-1])
-        self.blocks = np.array_split(np.arange(flat.shape[0]), ep_size)
-        self.rows = max(1, max(len(b) for b in self.blocks))  # every rank's row count: the largest block
-        mine = self.blocks[rank]
-        own = np.zeros((self.rows, flat.shape[1]), np.float32)
-        own[:len(mine)] = flat[mine]
+        self.blocks, self.rows = row_blocks(len(flat), ep_size)
+        own, count = own_rows(flat, ep_size, rank)
         self.specs = (ms.Tensor(shape=[None, flat.shape[1]], dtype=dtype),)
         self.args = (ms.Tensor(own).astype(dtype),)
         if moe:  # a MoE block takes the count of real rows
             self.specs += (ms.Tensor(shape=[1], dtype=ms.int32),)
-            self.args += (ms.Tensor([len(mine)], ms.int32),)
+            self.args += (ms.Tensor([count], ms.int32),)
         self.gather = AllGatherRows()
 
     def output(self, y):

@@ -29,6 +29,8 @@ import sys
 
 import numpy as np
 
+from ms_swiglu.layout import own_rows, row_blocks
+
 # (hidden_size, moe_intermediate_size, experts, top_k, shared expert intermediate size, router options)
 SHAPES = {
     "qwen3-30b-a3b": (2048, 768, 128, 8, 0, {}),
@@ -53,11 +55,11 @@ def _routed(cell):
 def communication(ids, experts, ranks, hidden, itemsize=ITEMSIZE):
     """Bytes per token each way of moving tokens, all ranks together, for the routing ``ids`` [T, k]."""
     tokens = len(ids)
-    home = np.repeat(np.arange(ranks), [len(b) for b in np.array_split(np.arange(tokens), ranks)])
+    home = np.repeat(np.arange(ranks), [len(b) for b in row_blocks(tokens, ranks)[0]])
     holders = ids // (experts // ranks)  # [T, k]: the rank of each chosen expert
     away = [len(set(row.tolist()) - {h}) for row, h in zip(holders, home)]
     row = hidden * itemsize
-    padded = max(1, -(-tokens // ranks))  # each rank's rows, padded to the largest block
+    padded = row_blocks(tokens, ranks)[1]  # each rank's rows, padded to the largest block
     all_reduce = 2 * (ranks - 1) * tokens * row  # ring AllReduce of [T, H]: 2 (K-1)/K of it sent by each rank
     return {"minimum": 2 * row * float(np.mean(away)),
             "ep_replicated": all_reduce / tokens,
@@ -102,10 +104,8 @@ def worker(shape, tokens, rounds, out):
     for n in tokens:
         x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)  # the same on every rank
         x = ms.Tensor(x32).astype(ms.bfloat16)
-        mine = np.array_split(np.arange(n), ranks)[rank]
-        own = np.zeros((max(1, -(-n // ranks)), hidden), np.float32)
-        own[:len(mine)] = x32[mine]
-        own, count = ms.Tensor(own).astype(ms.bfloat16), ms.Tensor([len(mine)], ms.int32)
+        own, count = own_rows(x32, ranks, rank)
+        own, count = ms.Tensor(own).astype(ms.bfloat16), ms.Tensor([count], ms.int32)
         calls = {"tp": lambda: blocks["tp"](x).asnumpy(),
                  "ep-replicated": lambda: blocks["ep-replicated"](x).asnumpy(),
                  "ep-sharded": lambda: blocks["ep-sharded"](own, count).asnumpy()}

@@ -7,9 +7,14 @@ def main():
     from ms_swiglu import signals  # noqa: PLC0415 -- before NumPy or MindSpore is imported
 
     signals.install()
-    from ms_swiglu.cli import main as cli_main  # noqa: PLC0415
-
-    return cli_main()
+    try:
+        with signals.deferred():  # an import cut half-way (NumPy's C extensions) may crash the exit
+            from ms_swiglu import cli  # noqa: PLC0415
+    except signals.Interrupted:
+        pass  # cli.main reports the signal taken
+    status = cli.main()
+    signals.ignore()  # the status is decided and said: a signal during the interpreter's teardown changes nothing
+    return status
 
 
 if __name__ == "__main__":

@@ -53,6 +53,18 @@ def check_writable(path, force):
     return path
 
 
+def check_folder(folder, label):
+    """An output folder's name: a folder or a new name, not a file, and not a symbolic link (a set would land
+    elsewhere than the name says, and with --force replace there); its parents may be links."""
+    folder = os.path.abspath(folder)
+    if os.path.islink(folder):
+        raise InputError(f"{label}: expected a folder that is not a symbolic link, got {folder} -> "
+                         f"{os.path.realpath(folder)} (name the target itself to write there)")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise InputError(f"{label}: expected a folder, got a file {folder}")
+    return folder
+
+
 def _check_replaceable(path):
     found = paths.kind(path, follow=False)
     if found not in (None, "a regular file"):
@@ -228,8 +240,7 @@ class FolderSet(OutputSet):
         self.paths = [os.path.join(self.folder, n.rstrip("/")) for n in names]
         self.subfolders = {os.path.join(self.folder, n.rstrip("/")) for n in names if n.endswith("/")}
         self.marker = manifest and os.path.join(self.folder, manifest)
-        if os.path.exists(self.folder) and not os.path.isdir(self.folder):
-            raise InputError(f"{label}: expected a folder, got a file {self.folder}")
+        check_folder(self.folder, label)
         parent = self.folder if os.path.isdir(self.folder) else os.path.dirname(self.folder)
         _writable_folder(parent, label, "parent folder")
         self._lock()

@@ -9,6 +9,11 @@ such a self-sent SIGTERM, which is then taken as the SIGINT it was. Only the fir
 does not cut the clean-up short), and :func:`deferred` holds them off for steps that must not stop half-way
 (putting outputs in place).
 
+A signal that arrives while the main thread is inside MindSpore's Python code is raised when that call returns to
+its caller, never inside it: an exception inside MindSpore's import leaves its C++ half-initialised (its exit
+handler then aborts the process), and one inside a graph's compilation (the C++ parser calling back into Python)
+is logged by MindSpore as pages of traces and dumped as ``analyze_fail.ir``.
+
 The library never installs this: only the ``ms-swiglu`` command does, for its own process.
 """
 import contextlib
@@ -16,6 +21,7 @@ import ctypes
 import glob
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -41,6 +47,7 @@ class _State:
     received = None  # the first signal taken
     raised = False
     hold = 0
+    armed = None  # the frame a signal taken inside MindSpore is raised in, once MindSpore returns to it
 
 
 _state = _State()
@@ -67,6 +74,7 @@ def received():
 
 def reset():
     """Forget a taken signal (a process that runs several commands, as the tests do)."""
+    _disarm()
     _state.received, _state.raised = None, False
 
 
@@ -75,15 +83,76 @@ def settle():
     _state.raised = True
 
 
+def ignore():
+    """Ignore the three signals from now on (the process is ending with its status decided). Python puts the
+    default action back for its handled signals at its teardown, which a late signal would then end by force;
+    ignored ones it leaves as they are."""
+    _disarm()
+    for signum in SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def _handler(signum, frame):  # noqa: ARG001
     if signum == signal.SIGTERM and _state.origin is not None and _state.origin.ms_swiglu_sigorigin_take():
         signum = signal.SIGINT  # MindSpore's SIGINT handler sent it
     if _state.received is None:
         _state.received = signum
-    if _state.hold or _state.raised:
+    if _state.hold or _state.raised or _state.armed is not None:
+        return
+    caller = _mindspore_caller(frame)
+    if caller is not None:
+        _arm(caller)
         return
     _state.raised = True
     raise Interrupted(_state.received)
+
+
+_IMPORT_MACHINERY = ("importlib._bootstrap", "importlib._bootstrap_external", "_frozen_importlib",
+                     "_frozen_importlib_external")
+
+
+def _mindspore_caller(frame):
+    """The frame that called into MindSpore, when ``frame`` runs inside MindSpore's Python code (import
+    machinery between them skipped); None otherwise."""
+    package = sys.modules.get("mindspore")  # in sys.modules from the start of its import
+    where = getattr(package, "__file__", None)
+    if where is None:
+        return None
+    root = os.path.dirname(where) + os.sep
+    outermost = None
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(root):
+            outermost = frame
+        frame = frame.f_back
+    caller = outermost and outermost.f_back
+    while caller is not None and caller.f_globals.get("__name__") in _IMPORT_MACHINERY:
+        caller = caller.f_back
+    return caller
+
+
+def _arm(caller):
+    """Raise the taken signal in ``caller`` at its next bytecode, i.e. as soon as MindSpore returns to it."""
+    def trace(frame, event, arg):  # noqa: ARG001
+        _disarm()
+        if not (_state.hold or _state.raised):
+            _state.raised = True
+            raise Interrupted(_state.received)
+
+    _state.armed = (caller, sys.gettrace())
+    caller.f_trace, caller.f_trace_opcodes = trace, True
+    sys.settrace(_no_new_frames)  # per-frame tracing runs only while a global trace function is set
+
+
+def _no_new_frames(frame, event, arg):  # noqa: ARG001
+    return None
+
+
+def _disarm():
+    if _state.armed is not None:
+        caller, earlier = _state.armed
+        _state.armed = None
+        caller.f_trace, caller.f_trace_opcodes = None, False
+        sys.settrace(earlier)
 
 
 @contextlib.contextmanager

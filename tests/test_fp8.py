@@ -17,7 +17,7 @@ from ms_swiglu.checkpoint.fp8 import E4M3
 from ms_swiglu.checkpoint.load import load_moe
 from ms_swiglu.packing import shard_down, shard_packed
 from ms_swiglu.quant.int8 import quantize_int8
-from conftest import assert_close, to_f64, to_tensor
+from conftest import assert_close, cli_batch, to_f64, to_tensor
 from hf_checkpoint import make_checkpoint, to_fp8
 from test_cli import cli
 
@@ -121,10 +121,10 @@ def test_run_and_export_take_an_fp8_checkpoint(fp8, tmp_path):
 
 
 def _edit(folder, tmp_path, config=None, tensors=None):
-    """A copy of the FP8 folder with config.json's fields and tensors replaced (``tensors``: name -> (safetensors
-    dtype, array), None to drop one)."""
+    """A copy of the FP8 folder (in ``tmp_path``/edited) with config.json's fields and tensors replaced
+    (``tensors``: name -> (safetensors dtype, array), None to drop one)."""
     out = tmp_path / "edited"
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     with open(os.path.join(folder, "config.json")) as f:
         raw = json.load(f)
     raw.update(config or {})
@@ -189,3 +189,31 @@ def test_what_it_does_not_know_is_refused_by_name(fp8, tmp_path):
 def _header(folder):
     with open(os.path.join(folder, "model.safetensors"), "rb") as f:
         return json.loads(f.read(int.from_bytes(f.read(8), "little")))
+
+
+def test_a_dtype_it_does_not_read_and_a_nan_weight_are_refused_by_every_command(fp8, tmp_path):
+    """An F8_E5M2 weight (convert had raised KeyError, exit 1) and an e4m3 NaN byte (0x7f, 0xff: run had given an
+    all-NaN output with exit 0, a bfloat16 convert had written it): exit 2 with one line naming the tensor (and
+    the count), before any output, in run, export and every form of convert."""
+    folder, _, _ = fp8
+    w = f"{P}experts.1.up_proj.weight"
+    raw = _raw(folder, _header(folder), w)
+    nan = raw.copy()
+    nan.flat[[5, 77]] = (0x7F, 0xFF)
+    e5m2 = _edit(folder, tmp_path / "e5m2", tensors={w: ("float8_e5m2", raw)})
+    corrupt = _edit(folder, tmp_path / "nan", tensors={w: ("float8_e4m3fn", nan)})
+    out = tmp_path / "out"
+    out.mkdir()
+    forms = [["convert", "--output", out / "c.safetensors", *extra] for extra in
+             ([], ["--tp-size", 2], ["--ep-size", 2], ["--quantize", "int8"], ["--dtype", "bfloat16"])]
+    forms += [["run", "--layer", 1, "--tokens", 2, "--output", out / "y.npy"],
+              ["export", "--layer", 1, "--target", "portable", "--output-dir", out / "kit"]]
+    cases = [(source, want, [f[0], "--checkpoint", source, *f[1:]]) for source, want in (
+        (e5m2, f"{w}: expected dtype F32, F16, BF16, I8 or F8_E4M3, got F8_E5M2"),
+        (corrupt, f"{w}: expected finite weights, got 2 of {raw.size} NaN or infinite")) for f in forms]
+    for (source, want, argv), r in zip(cases, cli_batch([argv for _, _, argv in cases])):
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"ms-swiglu: error: {want} (a corrupt "
+                                                                        f"checkpoint file)" if source == corrupt
+                                                                        else f"ms-swiglu: error: {want}"], (argv,
+                                                                                                            r.stderr)
+    assert os.listdir(out) == []

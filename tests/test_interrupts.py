@@ -2,7 +2,9 @@
 line, the promised clean-up done (no scratch, work or lock folder, no temporary file), and every output either
 the whole earlier one or the whole new one, also after MindSpore has replaced the SIGINT handler (it does at each
 graph call) and while outputs are being put in place."""
+import contextlib
 import glob
+import hashlib
 import json
 import os
 import signal
@@ -154,6 +156,135 @@ def test_sigterm_to_a_tensor_parallel_run_ends_its_job_before_it_returns(ckpt, t
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err[-2000:]
-    assert _job_processes(tmp) == [] and os.listdir(tmp / "ms-swiglu-tp") == []
+    assert _job_processes(tmp) == [] and os.listdir(tmp) == []  # no job folder, nor their empty parent
     time.sleep(3)
     assert not (tmp_path / "y.npy").exists() and _job_processes(tmp) == []
+
+
+def _outcome(proc, sig, out, tmp, whole):
+    """A command sent ``sig`` (or finished first) ended as promised: exit 0 with its output whole, or 128 + N with
+    one line, its output absent (or whole: the signal came once it was in place) and nothing left in $TMPDIR; or,
+    sent while the interpreter was still starting (before the command took its handlers: ~20 ms on a quiet host),
+    ended by the signal itself (the shell's 128 + N), having written and printed nothing."""
+    _, err = proc.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    where = f"status {proc.returncode}: {err[-3000:]}"
+    if proc.returncode == 0:
+        assert whole(out), where
+        return "finished"
+    if proc.returncode == -sig:
+        assert lines == [] and not os.path.lexists(out) and os.listdir(tmp) == [], where
+        return "not started"
+    assert proc.returncode == 128 + sig, where
+    assert lines == [f"ms-swiglu: interrupted ({signal.Signals(sig).name})"], where
+    assert not os.path.lexists(out) or whole(out), where
+    assert os.listdir(tmp) == [], where  # no log, no compile dump, no scratch folder
+    return "interrupted"
+
+
+def _start(argv, tmp):
+    """The command in its own process group (a signal to the group reaches it alone), $TMPDIR its own."""
+    tmp.mkdir()
+    return subprocess.Popen([EXE, *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TMPDIR=str(tmp)), start_new_session=True)
+
+
+def _send(proc, sig, group):
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
+
+
+def _whole_npy(path):
+    return os.path.isfile(path) and np.load(path).shape == (4, H)
+
+
+def _whole_kit(path):
+    return os.path.isdir(path) and whole_export({os.path.relpath(os.path.join(r, n), path): _digest(r, n)
+                                                 for r, _, names in os.walk(path) for n in names}) is not None
+
+
+def _digest(root, name):
+    path = os.path.join(root, name)
+    if name == "manifest.json":
+        with open(path) as f:
+            return f.read()
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _maps(pid):
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("argv, whole", [
+    (["run", "--layer", 0, "--tokens", 4, "--output"], _whole_npy),
+    (["export", "--layer", 0, "--target", "portable", "--output-dir"], _whole_kit)], ids=["run", "export"])
+def test_a_signal_while_mindspore_is_imported_ends_the_command_cleanly(ckpt, tmp_path, argv, whole):
+    """Sent from outside once MindSpore's C++ extension is loaded (its import under way), by pid and to the
+    process group: 128 + N and one line. Raised inside the import it had aborted the process (134) or printed an
+    ImportError and left a log."""
+    cases = [(signal.SIGTERM, False, 0.0), (signal.SIGINT, True, 0.05), (signal.SIGHUP, False, 0.2)]
+    for i, (sig, group, delay) in enumerate(cases):
+        out = tmp_path / f"out{i}"
+        proc = _start([argv[0], "--checkpoint", ckpt, *argv[1:], out], tmp_path / f"tmp{i}")
+        _wait_for(lambda: "_c_expression" in _maps(proc.pid), proc)
+        time.sleep(delay)
+        _send(proc, sig, group)
+        assert _outcome(proc, sig, out, tmp_path / f"tmp{i}", whole) == "interrupted"
+
+
+def test_a_signal_while_a_graph_compiles_ends_the_command_cleanly(ckpt, tmp_path):
+    """Sent by another process (to the pid, to the group) when MindSpore's compiler first calls its Python parser,
+    in run and in export --target ascend: 128 + N, one line, no output, and no analyze_fail.ir in $TMPDIR. Raised
+    inside the compiler it had printed 40-96 lines of MindSpore's traces and left the compile dump."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cases = [(["run", "--checkpoint", ckpt, "--layer", 0, "--tokens", 4, "--output", tmp_path / "y.npy"],
+              "compile:SIGINT", "pid"),
+             (["run", "--checkpoint", ckpt, "--layer", 1, "--tokens", 4, "--output", tmp_path / "y.npy"],
+              "compile:SIGTERM", "group"),
+             (["export", "--checkpoint", ckpt, "--layer", 0, "--output-dir", tmp_path / "kit", "--target", "ascend"],
+              "compile:SIGHUP", "pid"),
+             (["export", "--checkpoint", ckpt, "--layer", 2, "--output-dir", tmp_path / "kit", "--target", "ascend"],
+              "compile:SIGINT", "group")]
+    spec = [{"argv": [str(a) for a in argv], "at": at, "by": by, "watch": [str(tmp)]} for argv, at, by in cases]
+    (tmp_path / "cases.json").write_text(json.dumps(spec))
+    r = subprocess.run([sys.executable, "-I", DRIVER, str(tmp_path / "cases.json")], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, TMPDIR=str(tmp)), cwd=tmp_path, start_new_session=True)
+    results = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert r.returncode == 0 and len(results) == len(cases), r.stderr[-3000:]
+    for (argv, at, by), got in zip(cases, results):
+        name = at.split(":")[1]
+        where = f"{argv[0]} {at} by {by}: {got}"
+        assert got["status"] == 128 + getattr(signal, name), where
+        assert got["stderr"] == [f"ms-swiglu: interrupted ({name})"], where
+        assert got["watched"][str(tmp)] == {}, where
+    assert not (tmp_path / "y.npy").exists() and not (tmp_path / "kit").exists()
+
+
+@pytest.mark.parametrize("argv, whole", [
+    (["run", "--layer", 0, "--tokens", 4, "--output"], _whole_npy),
+    (["export", "--layer", 0, "--target", "ascend", "--output-dir"], _whole_kit)], ids=["run", "export-ascend"])
+def test_a_signal_at_any_moment_ends_the_command_cleanly(ckpt, tmp_path, argv, whole):
+    """Ten moments from 0.1 s to the end of an undisturbed run of the command (import, reading, compilation,
+    graph calls, writing, reporting), the three signals in turn, by pid and to the group: every one ends as
+    promised (:func:`_outcome`). How loaded the host is moves the moments, not the promise."""
+    command = [argv[0], "--checkpoint", ckpt, *argv[1:]]
+    t0 = time.perf_counter()
+    assert _outcome(_start([*command, tmp_path / "first"], tmp_path / "tmp-first"), 0, tmp_path / "first",
+                    tmp_path / "tmp-first", whole) == "finished"
+    end = time.perf_counter() - t0
+    ended = []
+    for i in range(10):
+        sig, group = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)[i % 3], i % 2 == 1
+        out, tmp = tmp_path / f"out{i}", tmp_path / f"tmp{i}"
+        proc = _start([*command, out], tmp)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.1 + i * max(end - 0.1, 0.0) / 9)
+        _send(proc, sig, group)
+        ended.append(_outcome(proc, sig, out, tmp, whole))
+    assert "interrupted" in ended, ended  # the early moments land inside the command

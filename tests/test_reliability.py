@@ -371,6 +371,8 @@ def bad_inputs(tmp_path_factory, ckpt):
     (d / "fifo-model" / "config.json").write_text(json.dumps(cfg))
     os.mkfifo(d / "fifo-model" / "model.safetensors")
     os.mknod(d / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # a null device of its own, never /dev/null
+    (d / "elsewhere").mkdir()
+    os.symlink("elsewhere", d / "linked-dir")  # an export would land in elsewhere/ (and --force replace there)
     return d
 
 
@@ -430,6 +432,23 @@ MALFORMED = {
                     "input: expected a .npy file name, got an empty string"),
     "empty-output-dir": (["export", "--preset", "tiny", "--output-dir", ""],
                          "--output-dir: expected a folder name, got an empty string"),
+    "symlinked-output-dir": (["export", "--preset", "tiny", "--output-dir", "D/linked-dir", "--force"],
+                             "--output-dir: expected a folder that is not a symbolic link, got"),
+    # an option that takes effect only with another is refused without it, never silently ignored
+    "dispatch-without-ep": (["run", "--checkpoint", "C", "--layer", 0, "--dispatch", "sharded"],
+                            "--dispatch: expected only with --ep-size K > 1, got it with --ep-size 1"),
+    "export-dispatch-without-ep": (["export", "--preset", "tiny", "--output-dir", "D/out", "--dispatch", "sharded"],
+                                   "--dispatch: expected only with --ep-size K > 1, got it with --ep-size 1"),
+    "export-port-without-ep": (["export", "--preset", "tiny", "--output-dir", "D/out", "--master-port", 8118],
+                               "--master-port: expected only with --ep-size K > 1, got it with --ep-size 1"),
+    "port-without-ranks": (["run", "--checkpoint", "C", "--layer", 0, "--master-port", 8118],
+                           "--master-port: expected only with --tp-size or --ep-size K > 1, got it with one process"),
+    "log-dir-without-ranks": (["run", "--checkpoint", "C", "--layer", 0, "--log-dir", "D/logs"],
+                              "--log-dir: expected only with --tp-size or --ep-size K > 1, got it with one process"),
+    "tokens-with-input": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D/x.npz", "--tokens", 4],
+                          "--tokens: expected only without --input (it sets the tokens), got it with --input"),
+    "seed-with-input": (["run", "--checkpoint", "C", "--layer", 0, "--input", "D/x.npz", "--seed", 4],
+                        "--seed: expected only without --input (it seeds random tokens), got it with --input"),
     "open-layer-range": (["convert", "--checkpoint", "C", "--output", "D/o.safetensors", "--layers", "1-"],
                          "--layers: expected A-B or N, got '1-'"),
     "huge-export-layers": (["export", "--preset", "small", "--layers", "0-100000", "--output-dir", "D/out"],
@@ -537,9 +556,10 @@ def test_a_bug_is_shown_as_one_with_its_traceback_kept(ckpt, tmp_path, tmpenv):
 # ---- 5. leftovers --------------------------------------------------------------------------------------------
 
 def test_tp_job_folders_are_removed_or_kept_for_diagnosis_and_pruned(tp_success, tp_failure):
-    """conftest's shared msrun jobs: a success leaves nothing in $TMPDIR/ms-swiglu-tp; a failed job keeps its logs
-    (not its input) and prunes the earlier jobs it found to the newest three failed ones (no killed job's folder)."""
-    assert tp_success.result.returncode == 0 and os.listdir(tp_success.tmp / "ms-swiglu-tp") == []
+    """conftest's shared msrun jobs: a success leaves nothing in $TMPDIR (no job folder, nor their empty parent
+    ms-swiglu-tp); a failed job keeps its logs (not its input) and prunes the earlier jobs it found to the newest
+    three failed ones (no killed job's folder)."""
+    assert tp_success.result.returncode == 0 and not os.path.exists(tp_success.tmp / "ms-swiglu-tp")
     r, jobs = tp_failure.result, tp_failure.jobs  # its $TMPDIR held OLD_JOBS and KILLED_JOB beforehand
     one_line(r, 1, "worker 1 failed")
     log = r.stderr.strip().rsplit("(log: ", 1)[1].rstrip(")")
@@ -550,9 +570,9 @@ def test_tp_job_folders_are_removed_or_kept_for_diagnosis_and_pruned(tp_success,
 
 
 def test_ctrl_c_leaves_no_job_folder(tp_interrupted):
-    """conftest's shared Ctrl-C to a tensor-parallel run once its ranks run."""
+    """conftest's shared Ctrl-C to a tensor-parallel run once its ranks run: no job folder, nor their parent."""
     assert tp_interrupted.returncode == 130 and "interrupted" in tp_interrupted.stderr
-    assert os.listdir(tp_interrupted.jobs) == []
+    assert not os.path.exists(tp_interrupted.jobs)
 
 
 def test_a_killed_converts_temporaries_are_removed_by_the_next(ckpt, tmp_path):
@@ -589,14 +609,19 @@ def test_a_full_disk_is_named_in_one_line_and_leaves_nothing(ckpt, small_disk):
 
 
 def test_export_takes_any_folder_name_a_user_can_create(tmp_path):
-    """A space, non-ASCII letters, and bytes that are not UTF-8: mindspore.export refuses all three in a file
-    name; the export and its messages do not."""
+    """A space, non-ASCII letters, and bytes that are not UTF-8: mindspore.export and mindspore.load refuse all
+    three in a file name; the export, its messages and the kit's verify_on_device.py (run from the folder and
+    given it) do not."""
     for name in ("my exports é", os.fsdecode(b"out-\xff")):
         out = tmp_path / name
         r = subprocess.run([EXE, "export", "--preset", "tiny", "--output-dir", os.fsencode(out), "--target",
                             "portable"], capture_output=True, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
         assert whole(out) and b"wrote " in r.stdout
+        for args, cwd in (([], out), ([os.fsencode(out)], tmp_path)):
+            v = subprocess.run([sys.executable, os.fsencode(out / "verify_on_device.py"), *args, "--device", "CPU",
+                                "--calls", "0"], capture_output=True, timeout=600, cwd=cwd)
+            assert v.returncode == 0 and b"2 of 2 cases pass" in v.stdout, v.stdout + v.stderr[-2000:]
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     r = subprocess.run([EXE, "run", "--checkpoint", os.fsencode(tmp_path / os.fsdecode(b"missing-\xff")), "--layer",

@@ -35,7 +35,10 @@ Odd rounds run the variants in reverse order; each cell states the largest chang
 forward and reversed rounds (`order effect`), so a time that depends on what ran before it shows.
 
 Per cell: median, min and spread (p90-p10 over median) of the latency; GFLOP/s (6*N*H*I per call); for N=1 the
-GB/s of weight bytes read; the fraction of the GEMM ceiling (N >= 16) or of the read bandwidth (N=1); with
+GB/s of weight bytes read; the fraction of the GEMM ceiling (N >= 16) or of the read bandwidth (N=1) and of the
+compute peak, never above 100% (tools/probes.py: Ceiling: a figure above its ceiling has the ceiling measured
+again, once, and refuses the run if still above it; the peaks and the read probe are checked to have run on every
+thread, their 1-thread figures recorded beside them: ``peaks_gflops``, ``read_probe``); with
 --memory, the peak resident memory the call adds (each variant in its own process, one per CPU at a time) and
 the activation bytes.
 `vs base` and `vs f32` are ratios of medians; `vs peer` is paired by round (tools/timing.py: paired, the peer's
@@ -46,6 +49,7 @@ Usage: ms-swiglu bench [--preset llama-7b] [--tokens 1 16 128 512] [--dtype floa
                        [--variants ...] [--rounds 7] [--settle S] [--memory] [--json F] [--plot F.png]
 """
 import datetime
+import functools
 import os
 import subprocess
 import sys
@@ -60,7 +64,8 @@ from ms_swiglu.outputs import OutputSet, check_writable
 from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import progress
 from ms_swiglu.runner import check_fits
-from ms_swiglu.tools.probes import add, graph_call, host_probes, machine_line, peaks, read_sum
+from ms_swiglu.tools.probes import (Ceiling, ProbeError, add, graph_call, host_probes, machine_line, peaks,
+                                    read_rates, read_sum)
 from ms_swiglu.tools.timing import (DISTURBED, SETTLE_S, SLOW_CALLS, HostSpeed, add_settle_option, interleave,
                                     paired, probe_process, proc_status, reset_peak_memory, watched, write_json)
 
@@ -152,12 +157,13 @@ def as_dtype(x32, dtype):
     return x32.astype(dtype)
 
 
-def ceiling_calls(hidden, inter, dtypes, peers):
+def ceiling_calls(hidden, inter, dtypes, peers, read_array=None):
     """A factory of the ceiling probes at N tokens, interleaved with the variants: per dtype the GEMM
     [N,H]x[H,2I] by the package's library (its oneDNN or skinny path, no epilogue) and by PyTorch's peer (its
     oneDNN, when there is a peer); in float32 also by MindSpore's MatMul and NumPy; at N=1 the streaming read of
-    1 GiB, so that the decode fraction compares calls from the same rounds; and MindSpore's cost of one graph call
-    (``x + 1`` on one element), which every variant's call pays and the library's GEMM, called directly, does not."""
+    1 GiB (``read_array()``: the array, allocated at the first call), so that the decode fraction compares calls
+    from the same rounds; and MindSpore's cost of one graph call (``x + 1`` on one element), which every variant's
+    call pays and the library's GEMM, called directly, does not."""
     import mindspore as ms  # noqa: PLC0415
     from mindspore import nn, ops  # noqa: PLC0415
 
@@ -174,14 +180,13 @@ def ceiling_calls(hidden, inter, dtypes, peers):
     w32 = np.random.default_rng(0).standard_normal((2 * inter, hidden)).astype(np.float32)
     ws = {d: as_dtype(w32, d) for d in dtypes}
     cell, wt = (MatMul(w32), np.ascontiguousarray(w32.T)) if "float32" in dtypes else (None, None)
-    big = None  # the read probe's 1 GiB, allocated at the first N=1
+    read_array = read_array or functools.cache(lambda: np.ones(READ_PROBE_FLOATS, np.float32))
     add_one = graph_call()
 
     def library(x, w, out, dtype):
         return lambda: kernels.linear(x, w, out, dtype)
 
     def calls(n):
-        nonlocal big
         x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
         probes = {"graph call/mindspore": add_one}
         for d in dtypes:
@@ -194,7 +199,7 @@ def ceiling_calls(hidden, inter, dtypes, peers):
             probes["ceiling/mindspore/float32"] = lambda: cell(xt)
             probes["ceiling/numpy/float32"] = lambda: x32 @ wt
         if n == 1:
-            big = np.ones(READ_PROBE_FLOATS, np.float32) if big is None else big
+            big = read_array()
             probes["read/omp"] = lambda: read_sum(big)
         return probes
 
@@ -289,11 +294,24 @@ def run(args):
     ms.set_context(mode=ms.GRAPH_MODE)
     print(machine_line())
     read_bw, rw_bw = bandwidth(settle=args.settle)
-    peaks = probe_peaks()
-    print(f"ceilings: read {read_bw:.1f} GB/s, 2-read-1-write {rw_bw:.1f} GB/s (best of NumPy and the threaded "
-          f"probes); peaks (in-register loops, GFLOP/s, 0: not on this CPU): FMA float32 {peaks['fma_float32']:.0f}, "
-          f"AVX512-BF16 {peaks['avx512_bfloat16'] or 0:.0f}, AMX bfloat16 {peaks['amx_bfloat16'] or 0:.0f}")
+    read_array = functools.cache(lambda: np.ones(READ_PROBE_FLOATS, np.float32))  # 1 GiB, shared by the read probes
+    try:
+        peaks, read_probe, unmeasured = probe_peaks(), read_rates(read_array()), None
+    except ProbeError as e:  # a busy host: the times and ratios stand, no figure is given as a fraction of a ceiling
+        peaks, read_probe, unmeasured = None, None, str(e)
+        print(f"ceilings: not measured ({e}): no fraction of a ceiling is given")
+    if peaks:
+        one = peaks["one_thread"]
+        rp, one = read_probe, peaks["one_thread"]
+        print(f"ceilings: read {read_bw:.1f} GB/s, 2-read-1-write {rw_bw:.1f} GB/s (best of NumPy and the threaded "
+              f"probes); the read probe on {rp['threads']} threads {rp['all_threads']:.1f} GB/s, on one "
+              f"{rp['one_thread']:.1f} ({rp['scaling']:.2f}x: the memory bounds it); peaks (in-register loops on "
+              f"{peaks['threads']} threads, each checked against one thread's; GFLOP/s, 0: not on this CPU): FMA "
+              f"float32 {peaks['fma_float32']:.0f} (one thread {one['fma_float32']:.0f}), AVX512-BF16 "
+              f"{peaks['avx512_bfloat16'] or 0:.0f} ({one['avx512_bfloat16'] or 0:.0f}), AMX bfloat16 "
+              f"{peaks['amx_bfloat16'] or 0:.0f} ({one['amx_bfloat16'] or 0:.0f})")
     results, total, done, host = [], len(args.preset) * len(args.tokens), 0, HostSpeed(host_probes())
+    peaks_again = functools.cache(probe_peaks)  # a figure above a peak: the peaks measured again, once per run
     kinds = ("mlp", "model") if args.model_blocks else ("mlp",)
     for preset in args.preset:
         hidden, inter = PRESETS[preset]
@@ -301,7 +319,16 @@ def run(args):
                 for d in args.dtype for v in args.variants for j in args.jit for k in kinds}
         peers = {d: TorchPeer(args.peer_python, hidden, inter, d, args.layers, args.model_blocks)
                  for d in args.dtype} if args.peer_python else {}
-        ceiling = ceiling_calls(hidden, inter, args.dtype, peers)
+        ceiling = ceiling_calls(hidden, inter, args.dtype, peers, read_array)
+
+        def gemm_again(n, dtype):
+            """The best GEMM's GFLOP/s at N tokens in ``dtype``, its calls measured again: the best of 3 rounds."""
+            calls = {k: c for k, c in ceiling(n).items() if k.startswith("ceiling/") and k.endswith("/" + dtype)}
+            stats = interleave(calls, 3, warmup=1, settle=args.settle)
+            return max(4 * n * hidden * inter / st["min_s"] / 1e9 for st in stats.values())
+
+        remeasure = {"peak": lambda dtype: peak_for(dtype, peaks_again()), "gemm": gemm_again,
+                     "read": lambda: read_rates(read_array())["all_threads"]}
         for peer in peers.values():
             print(f"peer: {peer.banner}")
         for n in args.tokens:
@@ -318,26 +345,31 @@ def run(args):
                                          pids=[p.proc.pid for p in peers.values()], retries=args.retries, host=host,
                                          settle=args.settle)
             for dtype in args.dtype:
-                cell = _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, list(calls))
+                cell = _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, list(calls),
+                             remeasure)
                 results.append(cell)
                 _print_cell(cell)
             done += 1
             progress("bench", done, total, "token counts")
         for peer in peers.values():
             peer.close()
-    return {"read_gbps": read_bw, "rw_gbps": rw_bw, "peaks_gflops": peaks, "disturbed_above": DISTURBED,
-            "slow_calls_above": SLOW_CALLS, "host_probe_best": host.best, "results": results}
+    return {"read_gbps": read_bw, "rw_gbps": rw_bw, "peaks_gflops": peaks, "read_probe": read_probe,
+            "ceilings_unmeasured": unmeasured, "disturbed_above": DISTURBED, "slow_calls_above": SLOW_CALLS,
+            "host_probe_best": host.best, "results": results}
 
 
-def _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, keys):
-    """One (preset, dtype, N) of the report from the interleaved rounds' ``stats``."""
+def _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, keys, remeasure=None):
+    """One (preset, dtype, N) of the report from the interleaved rounds' ``stats``. Its fractions, of the compute
+    peak and of the read probe (N=1) or the best GEMM (N > 1), are :class:`Ceiling` s': a figure above its ceiling
+    has it measured again by ``remeasure`` (``{"peak": f(dtype), "read": f(), "gemm": f(n, dtype)}``, each giving
+    the ceiling's new value; None: not measured again) and refuses the run (CeilingError) if still above it."""
     hidden, inter = PRESETS[preset]
     gemm_flops = 4 * n * hidden * inter
     ceil = {k.split("/")[1]: gemm_flops / st["min_s"] / 1e9 for k, st in stats.items()
             if k.startswith("ceiling/") and k.endswith("/" + dtype)}
     ceil_median = max(gemm_flops / st["median_s"] / 1e9 for k, st in stats.items()
                       if k.startswith("ceiling/") and k.endswith("/" + dtype))
-    best_gemm, peak = max(ceil.values()), peak_for(dtype, peaks)
+    best_gemm, peak = max(ceil.values()), peak_for(dtype, peaks) if peaks else None
     read = stats.get("read/omp")  # N=1: the read probe from the same rounds
     read_loop = {"median": 4 * READ_PROBE_FLOATS / read["median_s"] / 1e9,
                  "best": 4 * READ_PROBE_FLOATS / read["min_s"] / 1e9} if read else None
@@ -348,6 +380,7 @@ def _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, key
             "graph_call_ms": {k: stats["graph call/mindspore"][f"{k}_s"] * 1e3 for k in ("median", "min")}}
     memory = _memories(args, [v for (v, j, d, kind) in keys if d == dtype and kind != "model" and j == args.jit[0]],
                        hidden, inter, dtype, n)
+    figures, labelled = {"peak": {}, "median": {}, "best": {}}, []  # per ceiling {label: figure}; (entry, label)
     for (v, j, d, kind) in keys:
         if d != dtype:
             continue
@@ -362,17 +395,17 @@ def _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, key
         entry = dict(st, gflops=gflops, activation_bytes=activation_bytes(variants().get(v), n, hidden, inter, d),
                      speedup_vs_baseline=base["median_s"] / st["median_s"] if base else None,
                      speedup_vs_float32=f32["median_s"] / st["median_s"] if f32 else None,
-                     fraction_of_peak=gflops / peak,
                      paired_vs_baseline=paired(stats, base_key, key) if base else None,
                      paired_vs_peer=paired(stats, peer_key, key) if peer_key in stats else None)
+        label = f"{preset} {v}/{j} {d} N={n}" + (" in a model" if kind == "model" else "")
+        figures["peak"][label] = gflops
         if n == 1:  # median against the probe's median in the same rounds, best against best
             weight_bytes = 3 * hidden * inter * SIZE[d] * depth
             entry["weight_gbps"] = weight_bytes / st["median_s"] / 1e9
-            entry["fraction_of_ceiling"] = entry["weight_gbps"] / read_loop["median"]
-            entry["fraction_of_ceiling_min"] = weight_bytes / st["min_s"] / 1e9 / read_loop["best"]
+            figures["median"][label], figures["best"][label] = entry["weight_gbps"], weight_bytes / st["min_s"] / 1e9
         else:  # median against the ceiling's median, and the best call against the best ceiling
-            entry["fraction_of_ceiling"] = gflops / ceil_median
-            entry["fraction_of_ceiling_min"] = flops / st["min_s"] / 1e9 / best_gemm
+            figures["median"][label], figures["best"][label] = gflops, flops / st["min_s"] / 1e9
+        labelled.append((entry, label))
         if kind == "model":
             entry["per_block_ms"] = st["median_s"] * 1e3 / depth
             cell["in_model"][f"{v}/{j}"] = entry
@@ -380,14 +413,43 @@ def _cell(args, preset, dtype, n, stats, disturbance, peaks, read_bw, rw_bw, key
             if j == args.jit[0] and v in memory:
                 entry["peak_added_bytes"] = memory[v]
             cell["variants"][f"{v}/{j}"] = entry
+    if peaks is None:  # the probes found the host busy: no ceiling counts, so no fraction is given
+        for entry, _ in labelled:
+            entry["fraction_of_ceiling"] = entry["fraction_of_ceiling_min"] = entry["fraction_of_peak"] = None
+        cell["remeasured"] = {}
+        return cell
+    remeasure = remeasure or {}
+
+    def again(kind, *args):  # the ceiling measured again, once for the median's and the best's
+        return functools.cache(lambda: remeasure[kind](*args)) if kind in remeasure else None
+
+    if n == 1:
+        probe = again("read")
+        ceilings = {"median": Ceiling("read probe's median in the same rounds", read_loop["median"], "GB/s", probe),
+                    "best": Ceiling("read probe's best in the same rounds", read_loop["best"], "GB/s", probe)}
+    else:
+        gemm = again("gemm", n, dtype)
+        ceilings = {"median": Ceiling(f"best {dtype} GEMM's median in the same rounds", ceil_median, "GFLOP/s", gemm),
+                    "best": Ceiling(f"best {dtype} GEMM's best in the same rounds", best_gemm, "GFLOP/s", gemm)}
+    ceilings["peak"] = Ceiling(f"compute peak of {dtype}", peak, "GFLOP/s", again("peak", dtype))
+    fractions = {k: c.fractions(figures[k]) for k, c in ceilings.items()}
+    for entry, label in labelled:
+        entry["fraction_of_ceiling"], entry["fraction_of_ceiling_min"], entry["fraction_of_peak"] = (
+            fractions[k][label] for k in ("median", "best", "peak"))
+    cell["peak_gflops"] = ceilings["peak"].value
+    cell["remeasured"] = {c.name: c.record() for c in ceilings.values() if c.record()}
     return cell
 
 
 def probe_peaks():
-    """The machine's FMA / AMX peaks (tools/probes.py), measured in a fresh process."""
+    """The machine's compute peaks (tools/probes.py: peaks, checked on every thread), measured in a fresh process;
+    ProbeError where they could not be."""
     import json  # noqa: PLC0415
 
-    return json.loads(probe_process("ms_swiglu.tools.bench_mlp", ["peaks"], "compute peak probe", timeout=300))
+    try:
+        return json.loads(probe_process("ms_swiglu.tools.bench_mlp", ["peaks"], "peak probe process", timeout=300))
+    except RuntimeError as e:
+        raise ProbeError(str(e)) from None
 
 
 def _print_cell(cell):
@@ -398,8 +460,9 @@ def _print_cell(cell):
     flag = "\n  DISTURBED: the ratios below are not reliable" if dist["flagged"] else ""
     gemms = ", ".join(f"{k} {v:.0f}" for k, v in ceil.items())
     graph = cell["graph_call_ms"]
+    peak = "-" if cell["peak_gflops"] is None else f"{cell['peak_gflops']:.0f}"
     print(f"\n{cell['preset']} {cell['dtype']} N={cell['tokens']}: GEMM ceiling {gemms} GFLOP/s, peak "
-          f"{cell['peak_gflops']:.0f}{read}\n  MindSpore's cost of one graph call (x + 1, one element) in the same "
+          f"{peak}{read}\n  MindSpore's cost of one graph call (x + 1, one element) in the same "
           f"rounds: {graph['median']:.2f} ms (min {graph['min']:.2f}); every variant's call pays it once\n"
           f"  disturbance {dist['fraction']:.1%} of the CPU time (other processes "
           f"{dist['other_cpu_s']:.2f} s, steal {dist['steal_s']:.2f} s over {dist['wall_s']:.1f} s), "
@@ -414,10 +477,15 @@ def _print_cell(cell):
         vf = f"{e['speedup_vs_float32']:6.2f}x" if e["speedup_vs_float32"] else f"{'-':>7}"
         vp = f"{e['paired_vs_peer']['median']:7.2f}x" if e["paired_vs_peer"] else f"{'-':>8}"
         print(f"  {key:<28} {e['median_s'] * 1e3:10.2f} {e['min_s'] * 1e3:9.2f} {e['spread']:7.2f} "
-              f"{e['gflops']:8.1f} {vs} {vf} {vp} {e['fraction_of_ceiling']:8.0%} {e['fraction_of_peak']:8.1%} "
+              f"{e['gflops']:8.1f} {vs} {vf} {vp} {_fraction(e['fraction_of_ceiling'], 0)} "
+              f"{_fraction(e['fraction_of_peak'], 1)} "
               f"{e['activation_bytes'] / 2**20:8.1f} {peak}", flush=True)
     key, e = max(rows, key=lambda row: abs(row[1]["order_effect"]))
     print(f"  order effect: reversed / forward rounds' median at most {e['order_effect']:+.1%} ({key})")
+
+
+def _fraction(v, digits):
+    return f"{'-':>8}" if v is None else f"{v:8.{digits}%}"
 
 
 def plot(data, path, force=False):
@@ -443,7 +511,8 @@ def plot(data, path, force=False):
             axes[row][0].plot(ns, [c["in_model"][key]["gflops"] for c in cells], ls=":", marker="s",
                               label=key + " in a model")
         axes[row][0].plot(ns, [max(c["gemm_ceiling_gflops"].values()) for c in cells], "k--", label="GEMM ceiling")
-        axes[row][0].plot(ns, [c["peak_gflops"] for c in cells], "k:", label="compute peak")
+        if all(c["peak_gflops"] for c in cells):
+            axes[row][0].plot(ns, [c["peak_gflops"] for c in cells], "k:", label="compute peak")
         axes[row][0].set(xscale="log", yscale="log", xlabel="tokens N", ylabel="GFLOP/s",
                          title=f"{preset} {dtype}: throughput")
         axes[row][1].set(xscale="log", yscale="log", xlabel="tokens N", ylabel="MiB", title="memory")
@@ -463,7 +532,11 @@ def main(argv=None):
     if argv[:2] == ["--probe", "peaks"]:
         import json  # noqa: PLC0415
 
-        print(json.dumps(peaks()))
+        try:
+            print(json.dumps(peaks()))
+        except ProbeError as e:  # its message as the last line, for the parent's error
+            print(e, file=sys.stderr)
+            return 1
         return 0
     if argv and argv[0] == "--probe":
         variant, hidden, inter, dtype, n, jit = argv[1:]
@@ -495,7 +568,11 @@ def main(argv=None):
     t0 = time.time()
     started = datetime.datetime.fromtimestamp(t0, datetime.timezone.utc).isoformat(timespec="seconds")
     with scratch_cwd():  # AKG writes its kernels into the working directory
-        data = run(args)
+        try:
+            data = run(args)
+        except ProbeError as e:  # a ceiling not measured, or a figure above it: no report rather than a wrong one
+            print(f"ms-swiglu bench: refused: {e}", file=sys.stderr)
+            return 1
     data["args"] = vars(args)
     data["seconds"] = time.time() - t0
     data["date"] = started  # when the run started, UTC (tools/docs.py keeps the latest run per machine kind)

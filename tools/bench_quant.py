@@ -60,6 +60,7 @@ error of the output (to each row's max |y|) and the relative Frobenius error, ag
 """
 import argparse
 import datetime
+import functools
 import json
 import sys
 
@@ -68,7 +69,8 @@ import numpy as np
 from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import preset as preset_shape, PRESETS
 from ms_swiglu import quant as formats
-from ms_swiglu.tools.probes import graph_call, host_probes, machine_line, peaks, read_sum
+from ms_swiglu.tools.probes import (Ceiling, ProbeError, graph_call, host_probes, machine_line, peaks, read_rates,
+                                    read_sum)
 from ms_swiglu.tools.timing import SETTLE_S, HostSpeed, add_settle_option, paired, watched, write_json
 
 READ_PROBE_FLOATS = 2**28  # 1 GiB
@@ -183,15 +185,32 @@ def _projections(mlps, x):
             "down": (down, sum(a.nbytes for _, _, w in layers for a in w))}
 
 
-def _entry(stats, name, nbytes, read=None, int8_weights=0, peak=None):
+def _entry(stats, name, nbytes):
     s = stats[name]
-    entry = {"median_ms": s["median_s"] * 1e3, "min_ms": s["min_s"] * 1e3, "spread": s["spread"], "bytes": nbytes,
-             "GB/s": nbytes / s["median_s"] / 1e9}
-    if read:
-        entry["fraction_of_read"] = entry["GB/s"] / read
-    if read and int8_weights and peak:
-        entry["fraction_of_conversion_peak"] = int8_weights / s["median_s"] / 1e9 / peak
-    return entry
+    return {"median_ms": s["median_s"] * 1e3, "min_ms": s["min_s"] * 1e3, "spread": s["spread"], "bytes": nbytes,
+            "GB/s": nbytes / s["median_s"] / 1e9}
+
+
+def _fractions(entries, read, peak):
+    """At N=1 each entry's ``fraction_of_read`` (its GB/s over the read probe's, ``read``: a Ceiling) and, for
+    ``(entry, int8 weights)`` with int8 weights, ``fraction_of_conversion_peak`` (its G weights/s over ``peak``: a
+    Ceiling, or None where there is none): never above 1 (Ceiling.fractions). ``entries``: {label: (entry,
+    int8 weights)}."""
+    for label, f in read.fractions({label: e["GB/s"] for label, (e, _) in entries.items()}).items():
+        entries[label][0]["fraction_of_read"] = f
+    if peak is not None:
+        weights = {label: w / (e["median_ms"] / 1e3) / 1e9 for label, (e, w) in entries.items() if w}
+        for label, f in peak.fractions(weights).items():
+            entries[label][0]["fraction_of_conversion_peak"] = f
+
+
+def conversion_probe():
+    """The name of the peak (tools/probes.py: ``peaks``) of the instructions the cpu backend's kernel spends on an
+    int8 weight at one token with 16-bit x: its integer dot kernel's (the tuning table's ``int8_one_token_dot``:
+    VPDPWSSD, VPMADDWD) where it has one, else the widening to float32's."""
+    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
+
+    return f"int8_{kernels.tuning()['int8_one_token_dot'] or 'widen'}"
 
 
 def conversion_peak(machine_peaks):
@@ -200,9 +219,7 @@ def conversion_peak(machine_peaks):
     ``peaks``): its integer dot kernel's (the tuning table's ``int8_one_token_dot``: VPDPWSSD, VPMADDWD) where it
     has one, else the widening to float32's; None where neither runs. (Non-finite x takes the widening kernel: below
     this peak.)"""
-    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
-
-    name = f"int8_{kernels.tuning()['int8_one_token_dot'] or 'widen'}"
+    name = conversion_probe()
     gflops = machine_peaks[name]
     return name, gflops / 2 if gflops else None
 
@@ -213,8 +230,10 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     print(machine_line())
-    machine_peaks = peaks()
+    machine_peaks = peaks(names=(conversion_probe(), "fma_float32", "int16_gemm_vpmaddwd"))
     peak_name, peak = conversion_peak(machine_peaks) if 1 in tokens else (None, None)
+    # a figure above the conversion peak: the peak measured again, once per run
+    peak_again = functools.cache(lambda: conversion_peak(peaks(names=(conversion_probe(),)))[1])
     if peak:
         print(f"int8 weights at one token, from L1 ({peak_name}): {peak:.1f} G weights/s")
     # above one token int8 weights take the float32 GEMM 16-bit ones take: its FMAs against an int16 GEMM's multiplies
@@ -254,11 +273,25 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
         if n > 1 and all(multiply.values()):
             row["multiply_peaks"] = multiply
         for key, (name, _) in graphs.items():
-            row[key] = _entry(stats, key, nbytes[name], read, int8s[name], peak)
+            row[key] = _entry(stats, key, nbytes[name])
             # the graph's own time per call: its median over the library's calls of the same ops
             row[key]["over_library_ms"] = (stats[key]["median_s"] - stats[f"{name} library"]["median_s"]) * 1e3
         for name in chains:
-            row[f"{name} library"] = _entry(stats, f"{name} library", nbytes[name], read, int8s[name], peak)
+            row[f"{name} library"] = _entry(stats, f"{name} library", nbytes[name])
+        row_peak = None  # the conversion peak at N=1
+        if read:
+            row["projections"] = {proj: {name: _entry(stats, f"{name} {proj}", p[proj][1])
+                                         for name, p in projections.items()} for proj in ("gate_up", "down")}
+            # every figure's fraction of its ceiling at once, so that all are of the same (measured again) value
+            read_c = Ceiling("read probe's median in the same rounds", read, "GB/s",
+                             lambda: read_rates(big)["all_threads"])
+            peak_c = Ceiling(f"peak of {peak_name}", peak, "G weights/s", peak_again) if peak else None
+            entries = {key: (row[key], int8s[name]) for key, (name, _) in graphs.items()}
+            entries.update({f"{name} library": (row[f"{name} library"], int8s[name]) for name in chains})
+            entries.update({f"{name} {proj}": (e[name], 0) for proj, e in row["projections"].items() for name in e})
+            _fractions(entries, read_c, peak_c)
+            row["remeasured"] = {c.name: c.record() for c in (read_c, peak_c) if c and c.record()}
+            read, row_peak = read_c.value, peak_c and peak_c.value  # measured again, where a figure was above
         for sh in shapes:
             base = _graph_name("bfloat16", sh)
             for q in quants:
@@ -266,17 +299,15 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
                 s = row[_graph_name(f"{q}/bf16 speedup", sh)] = {
                     "median": stats[base]["median_s"] / stats[other]["median_s"],
                     "min": stats[base]["min_s"] / stats[other]["min_s"], "paired": paired(stats, base, other)}
-                if read and peak:
+                if read and row_peak:
                     # bfloat16's time over int8's at the better of its two ceilings: its conversions at their peak,
                     # its bytes at the read probe's bandwidth or bfloat16's own in these rounds, the higher
-                    best_s = max(int8s[q] / peak, nbytes[q] / max(read, row[base]["GB/s"])) / 1e9
+                    best_s = max(int8s[q] / row_peak, nbytes[q] / max(read, row[base]["GB/s"])) / 1e9
                     s["ceiling"] = stats[base]["median_s"] / best_s
         if read:
             row["read_probe_GB/s"] = read
-            if peak:
-                row["int8_conversion_peak"] = {"probe": peak_name, "G weights/s": peak}
-            row["projections"] = {proj: {name: _entry(stats, f"{name} {proj}", p[proj][1], read)
-                                         for name, p in projections.items()} for proj in ("gate_up", "down")}
+            if row_peak:
+                row["int8_conversion_peak"] = {"probe": peak_name, "G weights/s": row_peak}
             for proj, entries in row["projections"].items():
                 for q in quants:
                     entries[f"{q}/bf16 speedup"] = {
@@ -395,8 +426,12 @@ def main(argv=None):
               "repeat": args.repeat, "rounds": args.rounds, "settle_s": args.settle}
     if args.accuracy:
         result["accuracy"] = accuracy(hidden, inter)
-    result["speed"] = speed(hidden, inter, args.tokens, args.layers, args.rounds, args.settle, args.quant,
-                            args.shapes, args.repeat)
+    try:
+        result["speed"] = speed(hidden, inter, args.tokens, args.layers, args.rounds, args.settle, args.quant,
+                                args.shapes, args.repeat)
+    except ProbeError as e:  # a ceiling not measured, or a figure above it: no report rather than a wrong one
+        print(f"bench_quant: refused: {e}", file=sys.stderr)
+        return 1
     if args.json:
         write_json(args.json, result)
     return 0

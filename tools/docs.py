@@ -12,7 +12,11 @@ The machine kind of a result comes from its ``machine`` field (tools/timing.py: 
 machine): the CPU's vendor and family from its model name, and the widest vector ISA with the matrix / dot
 extension the kernels choose between, e.g. "AMD EPYC (AVX2)", "AMD EPYC (AVX-512, AVX512-BF16)",
 "Intel Xeon (AVX-512, AMX)". A recorded run replaces the stored one of its tool and kind unless that one is later
-(the ``date`` field, when the run started)."""
+(the ``date`` field, when the run started).
+
+No figure is written as more than 100% of the ceiling it is a fraction of: a result with a ``fraction_of_*`` field
+above 1 (the "of peak", "of read", "of best GEMM" cells) is refused, to record or to write from (the benchmarks
+refuse to produce one: tools/probes.py, Ceiling); the run is recorded again instead."""
 import argparse
 import datetime
 import glob
@@ -81,8 +85,9 @@ def run_date(data, where):
     return date if date.tzinfo else date.replace(tzinfo=datetime.timezone.utc)
 
 
-def load(tool, path):
-    """A benchmark result: the tool's JSON with its machine, date and the tool's own fields."""
+def load(tool, path, fractions=True):
+    """A benchmark result: the tool's JSON with its machine, date and the tool's own fields (and, unless
+    ``fractions`` is False, no figure above its ceiling)."""
     if tool not in TOOLS:
         raise InputError(f"tool: expected one of {', '.join(TOOLS)}, got {tool!r}")
     try:
@@ -97,7 +102,35 @@ def load(tool, path):
     if not {"cpu", "flags", "cpus", "l3"} <= set(data["machine"]):
         raise InputError(f"{path}: expected machine with cpu, flags, cpus, l3, got {data['machine']!r}")
     run_date(data, path)
+    if fractions:
+        check_fractions(data, path)
     return data
+
+
+def _above_one(node, path):
+    """(path, value) of every ``fraction_of_*`` field above 1 under ``node``; a path names a row of a list by its
+    index and the fields that tell it (preset or shape, dtype, tokens), e.g. "results[4] (llama-7b bfloat16 N=16)"."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if str(key).startswith("fraction_of") and isinstance(value, (int, float)) and value > 1:
+                yield f"{path}.{key}" if path else key, value
+            else:
+                yield from _above_one(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, row in enumerate(node):
+            tell = [str(row[k]) for k in ("preset", "shape", "dtype") if isinstance(row, dict) and k in row]
+            tell += [f"N={row['tokens']}"] if isinstance(row, dict) and "tokens" in row else []
+            yield from _above_one(row, f"{path}[{i}]" + (f" ({' '.join(tell)})" if tell else ""))
+
+
+def check_fractions(data, where):
+    """Refuses (InputError naming the file, the row and the value) a result with a fraction of a ceiling above 1:
+    a figure above its ceiling says that the ceiling was measured low, not that the figure beat it."""
+    above = list(_above_one(data, ""))
+    if above:
+        (row, value), more = above[0], f" (and {len(above) - 1} more)" if len(above) > 1 else ""
+        raise InputError(f"{where}: {row} = {value:.4g} ({value:.1%}), expected <= 100% of its ceiling{more}: a "
+                         f"figure above its ceiling says the ceiling was measured low; record the run again")
 
 
 def record(tool, path, bench_dir):
@@ -106,7 +139,7 @@ def record(tool, path, bench_dir):
     data = load(tool, path)
     dest = os.path.join(bench_dir, slug(machine_kind(data["machine"])), f"{tool}.json")
     if os.path.exists(dest):
-        stored = load(tool, dest)
+        stored = load(tool, dest, fractions=False)  # (only its date counts: the new run replaces it)
         if run_date(stored, dest) > run_date(data, path):
             raise InputError(f"{path}: expected a run no older than the stored {dest} ({stored['date']}), got one of "
                              f"{data['date']}; kept the stored one")

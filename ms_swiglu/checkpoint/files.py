@@ -54,9 +54,9 @@ class SafetensorsFolder:
         return tuple(self._meta(name)["shape"])
 
     def dtype_name(self, name):
-        """The dtype name of tensor ``name`` as stored (from the header: nothing is read)."""
-        code = self._meta(name)["dtype"]
-        return _DTYPE_NAMES.get(code, code)
+        """The dtype name of tensor ``name`` as stored (from the header: nothing is read); a dtype this package
+        does not read is refused by name."""
+        return _DTYPE_NAMES[_known_dtype(name, self._meta(name))]
 
     def _meta(self, name):
         if name not in self.weight_map:
@@ -102,9 +102,15 @@ class SafetensorsFolder:
         return _read_tensor(path, base, name, meta, part)
 
 
-def _read_tensor(path, base, name, meta, part=None):
+def _known_dtype(name, meta):
+    """The safetensors dtype code of a tensor's header entry, if it is one this package reads."""
     if meta["dtype"] not in _NP:
         raise CheckpointError(f"{name}: expected dtype F32, F16, BF16, I8 or F8_E4M3, got {meta['dtype']}")
+    return meta["dtype"]
+
+
+def _read_tensor(path, base, name, meta, part=None):
+    _known_dtype(name, meta)
     start, end = meta["data_offsets"]
     dtype = np.dtype(_NP[meta["dtype"]]).newbyteorder("<")
     if end == start:

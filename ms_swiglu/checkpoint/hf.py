@@ -72,6 +72,10 @@ def read_float(shards, name, shape, part=None, encoding=None):
                                   f"none")
         scale, _ = shards.read(scale_name, encoding.scale_shape(shape), encoding.scale_part(shape, part))
         a = encoding.dequantize(a, scale.astype(np.float32), shape, part, name)
+    bad = a.size - int(np.count_nonzero(np.isfinite(a)))
+    if bad:  # no released checkpoint holds one: the file is corrupt, and every output would be NaN
+        raise CheckpointError(f"{name}: expected finite weights, got {bad} of {a.size} NaN or infinite "
+                              f"(a corrupt checkpoint file)")
     return a, dtype
 
 

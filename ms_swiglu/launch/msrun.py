@@ -182,8 +182,10 @@ class Job:
                 else:
                     with contextlib.suppress(OSError):
                         os.remove(path)
-        else:  # done, or interrupted: nothing to keep
+        else:  # done, or interrupted: nothing to keep, not even an empty $TMPDIR/ms-swiglu-tp
             shutil.rmtree(self.work, ignore_errors=True)
+            with contextlib.suppress(OSError):  # fails while another job's folder is in it
+                os.rmdir(os.path.dirname(self.work))
 
 
 RUNNING = "running"  # in a job folder until the job ends: a killed job's folder is removed whole
@@ -206,4 +208,9 @@ def _job_folder():
     for folder in killed + failed[:-KEEP_FAILED]:
         shutil.rmtree(folder, ignore_errors=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return tempfile.mkdtemp(prefix=f"{stamp}-{os.getpid()}-", dir=base)
+    for _ in range(100):
+        try:
+            return tempfile.mkdtemp(prefix=f"{stamp}-{os.getpid()}-", dir=base)
+        except FileNotFoundError:  # another job ending just removed the empty base
+            os.makedirs(base, exist_ok=True)
+    raise OSError(f"could not create a job folder in {base}")

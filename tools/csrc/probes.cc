@@ -5,11 +5,15 @@
 // Each call starts its threads and joins them before it returns: no thread of a probe outlives it (OpenMP's
 // workers, which the probes used before, kept spinning after a parallel region and slowed the variant timed right
 // after the read probe: int8 decode 17.8 ms after it against 13.9 ms after the bfloat16 MLP, interleaved).
+// Each call also records whether its threads ran at the same time (probe_last_concurrency): a rate measured while a
+// thread waited for a CPU is not the host's.
 #include <immintrin.h>
 #include <sched.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -25,13 +29,35 @@ int cpus() {
   return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
+double thread_cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+// Of the calling thread's last on_threads call: the least, over its threads, of a thread's CPU time over the wall time
+// from the call's start to that thread's end; below 1 where a thread waited for a CPU (another process, steal).
+// To its own end, not the call's: a read's threads end their equal shares apart on a quiet host (the first done ran
+// 0.84-0.98 of a 1 GiB read's call on the 2-CPU AMD EPYC host), which is not waiting.
+thread_local double last_concurrency = 0.0;
+
 // body(i) on threads i = 0 .. n - 1 (i = 0 on the calling thread), joined before it returns.
 template <typename Body>
 void on_threads(int n, const Body &body) {
+  std::vector<double> ran(n, 0.0);
+  const auto w0 = std::chrono::steady_clock::now();
+  const auto timed = [&](int i) {
+    const double t0 = thread_cpu_seconds();
+    body(i);
+    const double cpu = thread_cpu_seconds() - t0;
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    ran[i] = wall > 0.0 ? cpu / wall : 0.0;
+  };
   std::vector<std::thread> others;
-  for (int i = 1; i < n; ++i) others.emplace_back([&body, i] { body(i); });
-  body(0);
+  for (int i = 1; i < n; ++i) others.emplace_back([&timed, i] { timed(i); });
+  timed(0);
   for (std::thread &t : others) t.join();
+  last_concurrency = *std::min_element(ran.begin(), ran.end());
 }
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -62,10 +88,10 @@ __attribute__((target("avx512f"))) double read_avx512(const float *x, int64_t pe
 __attribute__((target("avx2"))) double read_avx2(const float *x, int64_t per) { return read_streams<v8>(x, per); }
 double read_generic(const float *x, int64_t per) { return read_streams<v4>(x, per); }
 
-// Sum of x by a parallel streaming read, `part` on each thread (each stream a multiple of the widest vector).
-double read_sum(double (*part)(const float *, int64_t), const float *x, int64_t n) {
+// Sum of x by a parallel streaming read, `part` on each of `nt` threads (each stream a multiple of the widest
+// vector).
+double read_sum(double (*part)(const float *, int64_t), const float *x, int64_t n, int nt) {
   constexpr int kStreams = 8, kWidest = 16;
-  const int nt = cpus();
   const int64_t per = n / nt / kStreams / kWidest * kWidest;
   std::vector<double> parts(nt, 0.0);
   on_threads(nt, [&](int id) { parts[id] = part(x + id * per * kStreams, per); });
@@ -261,16 +287,21 @@ __attribute__((target("amx-tile,amx-bf16"))) bool amx_loop(int64_t iterations) {
 
 extern "C" {
 
-// -1.0 for an ISA this CPU lacks or an unknown name; "best" picks the best this CPU has.
-double probe_read(const char *isa, const float *x, int64_t n) {
+// The sum of x read on `threads` threads (0: every CPU this process may use); -1.0 for an ISA this CPU lacks or an
+// unknown name; "best" picks the best this CPU has.
+double probe_read(const char *isa, const float *x, int64_t n, int threads) {
   __builtin_cpu_init();
   const std::string name(isa);
   const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
-  if (name == "avx512" || (name == "best" && avx512)) return avx512 ? read_sum(read_avx512, x, n) : -1.0;
-  if (name == "avx2" || (name == "best" && avx2)) return avx2 ? read_sum(read_avx2, x, n) : -1.0;
-  if (name == "generic" || name == "best") return read_sum(read_generic, x, n);
+  const int nt = threads > 0 ? threads : cpus();
+  if (name == "avx512" || (name == "best" && avx512)) return avx512 ? read_sum(read_avx512, x, n, nt) : -1.0;
+  if (name == "avx2" || (name == "best" && avx2)) return avx2 ? read_sum(read_avx2, x, n, nt) : -1.0;
+  if (name == "generic" || name == "best") return read_sum(read_generic, x, n, nt);
   return -1.0;
 }
+
+// The concurrency of the calling thread's last probe call (on_threads: last_concurrency).
+double probe_last_concurrency() { return last_concurrency; }
 
 // FLOP/s of `loop` (one thread's in-register loop, `flops` per iteration) on `threads` threads.
 double loop_rate(int threads, int64_t iterations, float (*loop)(int64_t), double flops) {

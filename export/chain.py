@@ -88,3 +88,18 @@ def chain(net):
         raise TypeError(f"chain: expected a Cell made of PackedSwiGLUMLP / PackedMoE / FFNBlock / FFNStack blocks, "
                         f"got {type(net).__name__} with none")
     return _sum(_count(cell) for _, cell in found)
+
+
+def output_chains(net):
+    """The chain of each output of ``net``'s exported graph: the network's output, then, for an FFNStack that
+    returns its branches, block l's MLP output, whose input carries the roundings of the blocks before it and of
+    its RMSNorm."""
+    whole = chain(net)
+    if not (isinstance(net, FFNStack) and net.branch_outputs):
+        return [whole]
+    out, before = [whole], []
+    for block in net.blocks:
+        inner = _count(block.mlp)
+        out.append(_sum(before + [{**inner, "roundings": inner["roundings"] + 1}]))  # + the RMSNorm output
+        before.append(_count(block))
+    return out

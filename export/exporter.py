@@ -4,6 +4,7 @@ Targets:
     ascend    the builtin ``Swiglu`` (and MindSpore's MoE primitives), no Custom op; for the Ascend chips and dtypes
               of ``ms_swiglu.backends.ascend_support``, through MindSpore's own runtime (docs/ascend.md)
     portable  split + silu + mul only: runs wherever MindSpore / MindSpore Lite runs
+    ge        ops with a GE adapter only, MoE sparse by GE's MoE ops (Atlas A2/A3; MoE layers at a static shape)
     cpu       the package's aot kernel: a Custom op bound to this host's .so, not deployable
 
 Every graph is straight-line (no token is handled before it, by the Cells). Every export is checked before it is
@@ -23,37 +24,30 @@ import re
 import shutil
 import tempfile
 
-import numpy as np
-
 from ms_swiglu import backends
 from ms_swiglu.backends import ascend_support, chips
-from ms_swiglu.checkpoint import read_config, to_bf16_bits
+from ms_swiglu.checkpoint import read_config
 from ms_swiglu.config import preset as preset_shape
-from ms_swiglu.errors import InputError
 from ms_swiglu import quant as formats
 from ms_swiglu import processes, signals
 from ms_swiglu.outputs import FolderSet
 from ms_swiglu.processes import python
 from ms_swiglu.export.kit import AIR_DEFAULT_SHAPE, atc_command, converter_command, converter_config, write_scripts
-from ms_swiglu.export.chain import chain
-from ms_swiglu.export.mindir import int8_parameters, op_types, rename_input
-from ms_swiglu.export.verify_on_device import UNIT_ROUNDOFF, acceptance, check, sha256
+from ms_swiglu.export import roofline
+from ms_swiglu.export.acceptance import golden_files
+from ms_swiglu.export.errors import ExportError, VerificationError
+from ms_swiglu.export.golden import golden_cases
+from ms_swiglu.export.graph_checks import check_graph
+from ms_swiglu.export.mindir import rename_input, set_user_info
+from ms_swiglu.export.verify_on_device import FACTS_KEY, sha256
 
 # export target -> the backend whose graph it exports
-TARGETS = {"ascend": "ascend", "portable": "composite", "cpu": "cpu"}
+TARGETS = {"ascend": "ascend", "portable": "composite", "cpu": "cpu", "ge": "ge"}
 INPUT_NAME = "x"  # the MindIR's input, renamed: MindSpore's own names hold ":", converter_lite's separator
 # the kit beside the model file; "golden/" is a folder
 ARTIFACTS = ("manifest.json", "converter_lite.cfg", "convert_lite.sh", "export_air.sh", "verify_on_device.py",
              "golden/")
 KIT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verify_on_device.py")
-
-
-class ExportError(InputError):
-    """An export that cannot be made as asked (bad input); nothing is left behind."""
-
-
-class VerificationError(RuntimeError):
-    """An export that does not verify (a bug, not bad input); nothing is left behind."""
 
 
 @dataclasses.dataclass
@@ -81,15 +75,6 @@ class ExportRequest:
         return f"{model}-{what}-{self.target}-{self.dtype}{weights}{shape}"
 
 
-def _raw(tensor, dtype):
-    """Little-endian bytes of a Tensor in its own dtype (bfloat16 as its 16-bit patterns)."""
-    import mindspore as ms  # noqa: PLC0415
-
-    values = tensor.astype(ms.float32).asnumpy()
-    raw = to_bf16_bits(values) if dtype == "bfloat16" else values.astype(np.dtype(dtype).newbyteorder("<"))
-    return values, raw.tobytes()
-
-
 def _build(req, backend):
     """(network, hidden_size, intermediate_size, model name) for the request, on `backend`."""
     from ms_swiglu.checkpoint.load import load_block, load_ffn  # noqa: PLC0415
@@ -108,7 +93,7 @@ def _build(req, backend):
         hidden, inter, model = config.hidden_size, config.intermediate_size, config.model_type
         if req.stack:
             net = FFNStack([load_ffn(req.checkpoint, i, dtype=req.dtype, backend=backend, quant=req.quant)
-                            for i in layers])
+                            for i in layers], branch_outputs=True)
         else:
             net = load_block(req.checkpoint, layers.start, dtype=req.dtype, backend=backend, quant=req.quant)
     else:
@@ -122,70 +107,12 @@ def _build(req, backend):
             return to_quantized(packed, req.quant, backend) if req.quant else packed
 
         if req.stack:
-            net = FFNStack([FFNBlock(hidden, inter, dtype=dtype, backend=backend, mlp=mlp()) for _ in layers])
+            net = FFNStack([FFNBlock(hidden, inter, dtype=dtype, backend=backend, mlp=mlp()) for _ in layers],
+                           branch_outputs=True)
         else:
             net = mlp()
     net.set_train(False)
     return net, hidden, inter, model
-
-
-def _golden_shapes(req):
-    if req.static_shape:
-        return [tuple(req.static_shape) + (None,)] * 2  # a static graph takes one shape: two seeds
-    return [(1, 1, None), (2, 8, None)]  # 1 token (decode) and 16 tokens (prefill)
-
-
-# Control flow in a MindIR: a branch (Switch, SwitchLayer), a sub-graph bound or called (Partial, Call), a loop
-CONTROL_FLOW = frozenset({"Switch", "SwitchLayer", "Partial", "Call", "While"})
-
-
-def _check_ops(found, target, extra=frozenset()):
-    """The exported graph is straight-line, holds the op types that mark its backend, none that mark another
-    backend, and only the backend's allowed op types (and ``extra``: an expert-parallel rank's) when it has such
-    a list."""
-    flow = sorted(CONTROL_FLOW & set(found))
-    if flow:
-        raise VerificationError(f"export --target {target}: expected a straight-line graph, got control flow "
-                                f"{', '.join(flow)} in op types {found}")
-    backend = backends.get(TARGETS[target])
-    owners = {}  # op type -> the backends it marks
-    for name in backends.REGISTRY:
-        for op in backends.get(name).facts.graph_ops:
-            owners.setdefault(op, set()).add(name)
-    facts = backend.facts
-    missing = sorted(facts.graph_ops - set(found))
-    foreign = sorted(op for op in found if op in owners and op not in facts.graph_ops)
-    allowed = None if facts.allowed_ops is None else facts.allowed_ops | extra
-    extra = sorted(set(found) - allowed) if allowed is not None else []
-    where = f"export --target {target}"
-    if foreign:
-        marked = ", ".join(sorted(set().union(*(owners[op] for op in foreign))))
-        raise ExportError(f"{where}: expected no {', '.join(foreign)} op (it marks the {marked} backend), got op "
-                          f"types {found}")
-    if missing:
-        raise ExportError(f"{where}: expected the {', '.join(missing)} op of the {backend.name} backend, got op types "
-                          f"{found}")
-    if extra:
-        raise ExportError(f"{where}: expected only ops of {sorted(allowed)}, got {extra}")
-
-
-# what carries int8 weights in an ascend graph: the dense projections, the grouped experts
-QUANT_OPS = ("WeightQuantBatchMatmul", "GroupedMatmulV4")
-
-
-def _check_int8(net, mindir, found, target):
-    """A quantized network's MindIR holds its int8 weights as int8 (not dequantized at export), and its ascend
-    graph multiplies them with the weight-quant matmuls."""
-    import mindspore as ms  # noqa: PLC0415
-
-    want = {name: list(p.shape) for name, p in net.parameters_and_names() if p.dtype == ms.int8}
-    got = int8_parameters(mindir)
-    if sorted(want.values()) != sorted(got.values()):
-        raise VerificationError(f"export: expected int8 weights of shapes {sorted(want.values())} in the MindIR, "
-                                f"got {sorted(got.values())}")
-    if want and target == "ascend" and not set(QUANT_OPS) & set(found):
-        raise VerificationError(f"export --target ascend: expected {' or '.join(QUANT_OPS)} for the int8 weights, "
-                                f"got op types {found}")
 
 
 def _verify_kit(work, model_file, device):
@@ -239,33 +166,6 @@ def golden_net(req, net):
     return gold
 
 
-def _ambiguous_tokens(gold, twin, x32, xd, dtype):
-    """Tokens of a top-level MoE block whose experts a correct device may choose otherwise: the last chosen and the
-    first passed-over router score within 8 roundings of a tie (the logits rounded to the dtype by softmax routers,
-    summed over H in float32 by DeepSeek's), or a top-k that differs between the golden network and the
-    computation in the dtype. A device that takes the other expert is off by a whole expert's output there."""
-    from ms_swiglu.moe import PackedMoE  # noqa: PLC0415
-    from ms_swiglu.routers import SigmoidGroupTopK  # noqa: PLC0415
-
-    if not isinstance(gold, PackedMoE):
-        return []
-    h, k, router = x32.shape[-1], gold.top_k, gold.router
-    x = x32.asnumpy().reshape(-1, h).astype(np.float64)
-    scores = x @ router.weight.asnumpy().astype(np.float64).T  # [T, E]
-    if isinstance(router, SigmoidGroupTopK):
-        scores = 1 / (1 + np.exp(-scores)) + router.e_score_correction_bias.asnumpy()
-        u = 2.0 ** -24 * np.sqrt(h)
-    else:
-        u = UNIT_ROUNDOFF[dtype] + 2.0 ** -24 * np.sqrt(h)
-    ranked = -np.sort(-scores, -1)
-    near = np.zeros(len(x), bool)
-    if k < scores.shape[-1]:
-        near = ranked[:, k - 1] - ranked[:, k] <= 8 * u * (np.abs(ranked[:, k - 1]) + np.abs(ranked[:, k]))
-    a = np.sort(gold.router(x32.reshape(-1, h))[1].asnumpy(), -1)
-    b = np.sort(twin.router(xd.reshape(-1, h))[1].asnumpy(), -1)
-    return [int(t) for t in np.nonzero(near | (a != b).any(-1))[0]]
-
-
 def check_host(req):
     """ExportError for a request that cannot be exported on this host; returns (device, chip)."""
     import mindspore as ms  # noqa: PLC0415
@@ -293,6 +193,10 @@ def export(req):
     import mindspore as ms  # noqa: PLC0415
 
     device, chip = check_host(req)
+    if backends.get(TARGETS[req.target]).facts.static_moe and not req.static_shape and _moe_note(req):
+        raise ExportError(f"--target {req.target}: expected --static-shape B,S for a MoE layer (MoeInitRouting's "
+                          f"active_num, the token count, is an attribute GE fixes when it compiles), got dynamic "
+                          f"batch and sequence")
     ms.set_context(mode=ms.GRAPH_MODE)
     net, hidden, inter, model = _build(req, TARGETS[req.target])
     settle_request(req, net, chip)
@@ -357,7 +261,7 @@ def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, 
               allowed=frozenset()):
     """The MindIR of ``net`` and its kit, written into the folder ``work``; returns the manifest. ``feed``: how
     the golden cases reach the graph (:class:`Feed`); ``twin``: the dtype computation checked; ``cases``: the
-    golden cases (:func:`golden_cases`; default: from ``req``'s float32 golden network); ``comm``: the manifest's
+    golden cases (``export.golden``; default: from ``req``'s float32 golden network); ``comm``: the manifest's
     ``communication`` entry of a graph with collectives (its MindIR's groups named as it says:
     ``export.parallel``); ``allowed``: op types beyond the backend's that the graph may hold (an expert-parallel
     rank's)."""
@@ -377,24 +281,20 @@ def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, 
     specs = [ms.Tensor(shape=[None if d < 0 else d for d in s], dtype=getattr(ms, dt)) for s, dt in
              feed.specs(req.dtype)]
     net.set_inputs(*specs)
+    golden, twin_cases, outputs, facts = golden_files(req, work, net, cases, twin, feed)
     _ms_export(net, specs, os.path.join(work, model_file), fmt)
     signals.pause_point("export-written")
-    found = op_types(os.path.join(work, model_file)) if fmt == "MINDIR" else []
+    found = []
     if fmt == "MINDIR":
-        _check_ops(found, req.target, allowed)
-        _check_int8(net, os.path.join(work, model_file), found, req.target)
+        found = check_graph(os.path.join(work, model_file), net, req.target, TARGETS[req.target], chip, req.dtype,
+                            allowed)
         rename_input(os.path.join(work, model_file), feed.names)  # names converter_lite's syntax takes
+        set_user_info(os.path.join(work, model_file), FACTS_KEY, json.dumps(facts))
         if comm:
             comm = comm(os.path.join(work, model_file))
-    if req.target == "ascend":
-        why = ascend_support.refusal(found, chip.key, req.dtype)
-        if why:
-            raise ExportError(f"--target ascend --chip {chip.key}: {why}; export --target portable for it")
-    criterion = acceptance(req.dtype, **chain(net))
-    golden, twin_cases = _write_golden(req, work, cases, twin, criterion, feed)
     shutil.copyfile(KIT_SCRIPT, os.path.join(work, "verify_on_device.py"))
     deployable = bool(backend.facts.deployable)
-    paths = _runtime_paths(req.target, found)
+    paths = _runtime_paths(found)
     air_name = dataclasses.replace(req, static_shape=req.static_shape or AIR_DEFAULT_SHAPE, air=True).name(model)
     if comm:  # converter_lite and ATC compile one device's graph: a rank's collectives need all ranks
         converter = None
@@ -403,10 +303,11 @@ def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, 
             f"MindSpore under msrun (the set's manifest.json, verify_command), not through converter_lite or ATC"))
     else:
         with open(os.path.join(work, "converter_lite.cfg"), "w") as f:
-            f.write(converter_config(INPUT_NAME, shape, req.dtype, chip))
+            f.write(converter_config(INPUT_NAME, shape, req.dtype, chip, [g["shape"] for g in golden]))
         converter = converter_command(name, INPUT_NAME, shape)
         write_scripts(work, name, req, converter, air_name, deployable, chip, paths["ge"]["missing"])
 
+    out_shape = feed.specs(req.dtype)[0][0]
     manifest = {
         "name": name, "format": fmt, "model_file": model_file, "target": req.target, "deployable": deployable,
         "runtime_paths": paths,
@@ -419,11 +320,12 @@ def write_kit(req, work, net, hidden, inter, model, device, chip, *, feed=None, 
         "weights": {"quant": req.quant, "format": formats.get(req.quant).summary} if req.quant else {"quant": None},
         "inputs": [{"name": n, "shape": s, "dtype": dt, "dynamic": [i for i, d in enumerate(s) if d < 0]}
                    for n, (s, dt) in zip(feed.names, feed.specs(req.dtype))],
-        "outputs": [{"shape": feed.specs(req.dtype)[0][0], "dtype": req.dtype}],
+        "outputs": [{"name": o["name"], "shape": out_shape, "dtype": req.dtype, "acceptance": o["acceptance"],
+                     "branches": o["branches"]} for o in outputs],
         "zero_tokens": feed.zero_tokens,
         "op_types": found,
         "golden": golden,
-        "acceptance": criterion,
+        "roofline": roofline.manifest_entry(net, golden, chip, req.dtype),  # verify_on_device's predicted time
         "checked": {"graph": True, "golden": "cpu twin" if not runs_here else
                     "reloaded MindIR on the CPU" if device == "CPU" else f"reloaded MindIR on {device}",
                     "device": device == "Ascend" and runs_here},
@@ -457,63 +359,10 @@ def write_manifest(work, manifest):
         json.dump(manifest, f, indent=1)
 
 
-def golden_cases(req, hidden, gold, twin):
-    """[(tokens [B, S, H]: float32 values of the dtype, the float32 golden output, the ambiguous tokens)] for the
-    request's golden shapes: the outputs of the float32 golden network ``gold`` from exactly the values the device
-    gets; ambiguous: tokens whose experts ``twin`` (in the dtype) may choose otherwise (:func:`_ambiguous_tokens`)."""
-    import mindspore as ms  # noqa: PLC0415
-
-    cases = []
-    for case, (b, s, _) in enumerate(_golden_shapes(req)):
-        rng = np.random.default_rng(req.seed * 1000 + case)
-        x = ms.Tensor(rng.standard_normal((b, s, hidden)).astype(np.float32)).astype(getattr(ms, req.dtype))
-        x_values, _ = _raw(x, req.dtype)
-        y = gold(ms.Tensor(x_values)).asnumpy()
-        cases.append((x_values, y, _ambiguous_tokens(gold, twin, ms.Tensor(x_values), x, req.dtype)))
-    return cases
-
-
-def _write_golden(req, work, cases, twin, criterion, feed):
-    """The golden ``cases`` (:func:`golden_cases`) into ``work``/golden as ``feed`` (:class:`Feed`) gives them to
-    the graph: inputs in the dtype (.bin) and as exact float32 values (.npy), outputs of the float32 golden network
-    (.npy, .bin float32). Returns (the manifest's golden entries, the dtype twin's result per case by the
-    criterion); a twin that fails it is a bug (VerificationError)."""
-    import mindspore as ms  # noqa: PLC0415
-
-    golden_dir = os.path.join(work, "golden")
-    os.mkdir(golden_dir)
-    entries, results = [], []
-    for case, (x_values, y, ambiguous) in enumerate(cases):
-        y, excluded = feed.rows(y, ambiguous)
-        inputs = feed.inputs(x_values)
-        twin_inputs = [ms.Tensor(inputs[0]).astype(getattr(ms, req.dtype)), *map(ms.Tensor, inputs[1:])]
-        result = check(twin(*twin_inputs).astype(ms.float32).asnumpy(), y, criterion, excluded)
-        results.append(dict(result, case=case))
-        if not result["ok"]:
-            raise VerificationError(f"export: expected the {req.dtype} computation to pass the acceptance criterion "
-                                    f"against the float32 golden outputs, got {result}")
-        x_values, x_raw = _raw(ms.Tensor(inputs[0]), req.dtype)
-        tokens = int(np.prod(x_values.shape[:-1]))
-        entry = {"case": case, "tokens": tokens, "shape": list(x_values.shape), "excluded_tokens": excluded,
-                 **feed.case(inputs)}
-        for role, values, raw, dtype in (("input", x_values, x_raw, req.dtype), ("output", y, y.tobytes(), "float32")):
-            stem = os.path.join(golden_dir, f"{role}_{case}_t{tokens}")
-            np.save(stem + ".npy", values)
-            with open(stem + ".bin", "wb") as f:
-                f.write(raw)
-            entry[role] = {"npy": os.path.relpath(stem + ".npy", work), "bin": os.path.relpath(stem + ".bin", work),
-                           "bin_dtype": dtype, "npy_dtype": "float32"}
-        entries.append(entry)
-    return entries, results
-
-
-def _runtime_paths(target, found):
-    """Which runtime path has evidence of taking the graph (docs/ascend.md): the support table's for ``ascend``;
-    the common ops of ``portable`` have both an aclnn kernel and a GE adapter; ``cpu`` deploys nowhere."""
-    if target == "ascend":
-        return ascend_support.paths(found)
-    ok = target == "portable"
-    return {path: {"evidence": ok, "missing": [] if ok else ["Custom"]} for path in ascend_support.PATHS}
+def _runtime_paths(found):
+    """Which runtime path has evidence of taking the graph (docs/ascend.md), op by op: the support table's kernels,
+    and the GE adapters of the installed wheel (``ascend_support.paths``)."""
+    return ascend_support.paths(found)
 
 
 def _moe_note(req):

@@ -21,9 +21,11 @@ import os
 import shlex
 
 # Gear levels (batch, seq) for a dynamic [batch, seq, H] input: Ascend offline models compile one graph per
-# gear (at most 100, each value 1..2048). Decode (seq 1) and prefill lengths; edit ge.dynamicDims in
+# gear (at most 100, each value 1..2048). Decode (seq 1) and prefill lengths, and every golden case's shape (added
+# by converter_config: a converted model must take the kit's own inputs); edit ge.dynamicDims in
 # converter_lite.cfg for other serving shapes.
 GEARS = [(1, 1), (4, 1), (8, 1), (1, 16), (1, 128), (1, 512), (1, 2048), (4, 512)]
+MAX_GEARS, MAX_GEAR_DIM = 100, 2048
 # Keep the model's dtype: the converter's default precision_mode, enforce_fp16, would turn a bfloat16 or
 # float32 model into float16.
 PRECISION_MODE = "enforce_origin"
@@ -61,8 +63,25 @@ def _shape(shape):
     return ",".join(str(d) for d in shape)
 
 
-def converter_config(input_name, shape, dtype, chip):
-    """Text of converter_lite.cfg for a [batch, seq, H] input (``shape`` with -1 for dynamic dims), for ``chip``.
+def gears(golden_shapes=()):
+    """The (batch, seq) gears of a dynamic input: :data:`GEARS` and the (batch, seq) of every golden input
+    ([B, S, H]; a shape of another rank, such as an expert-parallel rank's [T, H], adds none), in order, once."""
+    out = list(GEARS)
+    for shape in golden_shapes:
+        gear = tuple(shape[:2])
+        if len(shape) == 3 and gear not in out:
+            if not all(1 <= d <= MAX_GEAR_DIM for d in gear):
+                raise ValueError(f"converter_lite.cfg: expected gear dims in 1..{MAX_GEAR_DIM}, got golden shape "
+                                 f"{list(shape)}")
+            out.append(gear)
+    if len(out) > MAX_GEARS:
+        raise ValueError(f"converter_lite.cfg: expected at most {MAX_GEARS} gears, got {len(out)}")
+    return out
+
+
+def converter_config(input_name, shape, dtype, chip, golden_shapes=()):
+    """Text of converter_lite.cfg for a [batch, seq, H] input (``shape`` with -1 for dynamic dims), for ``chip``;
+    ``golden_shapes``: the kit's golden input shapes, each of which gets its gear (:func:`gears`).
 
     A static shape goes on the command line (``--inputShape``), as the converter documents for static inputs. The
     SoC is the device's own (converter_lite asks aclrtGetSocName); convert_om.sh checks its family.
@@ -73,9 +92,9 @@ def converter_config(input_name, shape, dtype, chip):
              "input_format=ND",
              f"precision_mode={PRECISION_MODE}"]
     if -1 in shape:
-        gears = ";".join(f"{b},{s}" for b, s in GEARS)
+        dims = ";".join(f"{b},{s}" for b, s in gears(golden_shapes))
         lines += ["", "[acl_build_options]", 'input_format="ND"', f'input_shape="{input_name}:{_shape(shape)}"',
-                  f'ge.dynamicDims="{gears}"']
+                  f'ge.dynamicDims="{dims}"']
     return "\n".join(lines) + "\n"
 
 

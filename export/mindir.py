@@ -73,6 +73,20 @@ def rename_input(path, names):
         f.write(model.SerializeToString())
 
 
+def set_user_info(path, key, value):
+    """Set ``user_info[key]`` (a string) of the MindIR at ``path``, in place: MindSpore's own field for what a
+    model file carries about itself (``mindspore.export``'s ``custom_func`` writes it too)."""
+    model = _model(path)
+    model.user_info[key] = value
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+
+
+def user_info(path):
+    """``{key: value}`` of a MindIR's ``user_info``."""
+    return dict(_model(path).user_info)
+
+
 def collectives(path):
     """``[{"op", "group", "rank_size"}]`` of a MindIR's communication primitives (AllReduce, AllGather, ...),
     ``rank_size`` None where the primitive records none."""
@@ -118,3 +132,43 @@ def parameters(path):
             a = (a.astype(np.uint32) << 16).view(np.float32)
         out[p.name] = a.astype(np.float32)
     return out
+
+
+GEMMS = ("MatMul", "BatchMatMul", "GroupedMatmul")
+
+
+def _dims(attribute):
+    """The dims of a node's (first) output from its ``shape`` attribute (a tensor, or a tuple of them)."""
+    tensors = attribute.tensors or [t for v in attribute.values for t in v.tensors]
+    return list(tensors[0].dims) if tensors else None
+
+
+def gemm_flops(path):
+    """``{op type: FLOPs per token}`` of the GEMMs (:data:`GEMMS`) of a static-shape MindIR, from its nodes'
+    shapes: 2 x the output's elements x the contracted length (the first input's elements over the output's rows:
+    either layout of it), divided by the tokens of the graph's input [..., H]. GroupedMatmul counts each of its
+    rows once, against its own group's weight."""
+    import math  # noqa: PLC0415
+
+    model = _model(path)
+    graphs = [model.graph, *model.functions]
+    shapes = {v.name: list(v.tensor[0].dims) for g in graphs for v in g.input if v.tensor}
+    shapes.update({p.name: list(p.dims) for g in graphs for p in g.parameter})
+    for graph in graphs:
+        for node in graph.node:
+            shape = next((_dims(a) for a in node.attribute if a.name == "shape"), None)
+            if shape is not None:
+                shapes.update({out: shape for out in node.output})
+    x = list(model.graph.input[0].tensor[0].dims)
+    if any(d < 0 for d in x):
+        raise InputError(f"{path}: expected a static-shape MindIR to count FLOPs per token, got input {x}")
+    tokens, flops = math.prod(x[:-1]), {}
+    for graph in graphs:
+        for node in graph.node:
+            op = node.op_type.removeprefix("REF::").split(":")[0]
+            if op not in GEMMS:
+                continue
+            out = next(_dims(a) for a in node.attribute if a.name == "shape")
+            contracted = math.prod(shapes[node.input[0]]) // math.prod(out[:-1])
+            flops[op] = flops.get(op, 0) + 2 * math.prod(out) * contracted / tokens
+    return flops

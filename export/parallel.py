@@ -89,20 +89,14 @@ def golden(req, path):
     import mindspore as ms  # noqa: PLC0415
 
     from ms_swiglu.checkpoint.load import load_block  # noqa: PLC0415
-    from ms_swiglu.export.exporter import check_host, golden_cases, golden_net, settle_request  # noqa: PLC0415
+    from ms_swiglu.export.exporter import check_host, golden_net, settle_request  # noqa: PLC0415
+    from ms_swiglu.export.golden import golden_cases, save_cases  # noqa: PLC0415
 
     _, chip = check_host(req)
     ms.set_context(mode=ms.GRAPH_MODE)
     whole = load_block(req.checkpoint, req.layers[0], dtype=req.dtype, backend="composite", quant=req.quant)
     settle_request(req, whole, chip)
-    cases = golden_cases(req, whole.hidden_size, golden_net(req, whole), whole)
-    np.savez(path, **{f"{what}{i}": a for i, case in enumerate(cases) for what, a in zip(("x", "y", "ambiguous"),
-                                                                                        case)})
-
-
-def _cases(path):
-    with np.load(path) as f:
-        return [(f[f"x{i}"], f[f"y{i}"], f[f"ambiguous{i}"].tolist()) for i in range(len(f.files) // 3)]
+    save_cases(path, golden_cases(req, whole.hidden_size, golden_net(req, whole), whole))
 
 
 def export_rank(req, stage, ep_size, dispatch, golden_path):
@@ -114,6 +108,7 @@ def export_rank(req, stage, ep_size, dispatch, golden_path):
     from ms_swiglu.checkpoint.load import load_block  # noqa: PLC0415
     from ms_swiglu.export.exporter import (  # noqa: PLC0415
         TARGETS, Feed, check_host, settle_request, twin_backend, write_kit, write_manifest)
+    from ms_swiglu.export.golden import load_cases  # noqa: PLC0415
     from ms_swiglu.export.verify_on_device import verify  # noqa: PLC0415
 
     rank = parallel.init(ep_size)
@@ -132,7 +127,7 @@ def export_rank(req, stage, ep_size, dispatch, golden_path):
     kit = os.path.join(stage, f"rank{rank}")
     os.makedirs(kit)
     manifest = write_kit(req, kit, net, hidden, config.intermediate_size, config.model_type, device, chip,
-                         feed=feed, twin=twin, cases=_cases(golden_path),
+                         feed=feed, twin=twin, cases=load_cases(golden_path),
                          comm=_communication(rank, ep_size, dispatch, backend, device),
                          allowed=net.dispatch.graph_ops | backend.facts.partial_ops)
     if runs_here:  # the reloaded MindIRs of every rank, run together
@@ -163,8 +158,11 @@ def check_request(req, ep_size, dispatch):
         raise InputError("--ep-size: expected --checkpoint and --layer N (one MoE layer), got "
                          f"{'--preset' if req.preset else '--layers'}")
 
-    if req.target not in TARGETS or not backends.get(TARGETS[req.target]).facts.deployable:
-        deployable = [t for t, b in TARGETS.items() if backends.get(b).facts.deployable]
+    def splits(backend):  # graphs that deploy, with experts that run on an expert-parallel rank
+        return bool(backend.facts.deployable) and backend.facts.expert_parallel
+
+    if req.target not in TARGETS or not splits(backends.get(TARGETS[req.target])):
+        deployable = [t for t, b in TARGETS.items() if splits(backends.get(b))]
         raise InputError(f"--ep-size: expected --target {' or '.join(deployable)} (graphs that deploy), got "
                          f"{req.target}")
     if req.air or req.static_shape:

@@ -11,5 +11,7 @@ class TokenCell(nn.Cell):
     def __call__(self, *args, **kwargs):
         x = args[0] if args else None
         if isinstance(x, Tensor) and x.ndim >= 2 and 0 in x.shape[:-1]:
-            return ops.zeros(x.shape, x.dtype)
+            outputs = getattr(self, "n_outputs", 1)  # a Cell that also returns its branches gives each empty
+            return ops.zeros(x.shape, x.dtype) if outputs == 1 else tuple(ops.zeros(x.shape, x.dtype)
+                                                                            for _ in range(outputs))
         return super().__call__(*args, **kwargs)

@@ -22,7 +22,7 @@ from ms_swiglu.config import DTYPE_BYTES, DTYPE_NAMES, PRESETS
 from ms_swiglu import signals
 from ms_swiglu.errors import ArgumentParser, InputError
 from ms_swiglu.layout import DISPATCHES, check_split
-from ms_swiglu.outputs import check_writable
+from ms_swiglu.outputs import check_folder, check_writable
 from ms_swiglu.quant import names as quant_names
 from ms_swiglu.processes import scratch_cwd
 from ms_swiglu.progress import end_line, progress
@@ -59,7 +59,27 @@ def _layers(spec, config):
     return layers
 
 
+def _only_with(args, rules):
+    """Refuse an option given without the one it takes effect with (``rules``: (option, attribute, when it takes
+    effect, whether ``args`` meet that, what they have instead)), then give the absent ones their defaults
+    (``_DEFAULTS``): a user never wonders which option took effect."""
+    for option, attribute, when, met, instead in rules:
+        if getattr(args, attribute) is not None and not met:
+            raise UsageError(f"{option}: expected only {when}, got it with {instead}")
+        if getattr(args, attribute) is None:
+            setattr(args, attribute, _DEFAULTS.get(attribute))
+
+
+_DEFAULTS = {"tokens": 16, "seed": 0, "dispatch": "replicated"}
+
+
 def cmd_run(args):
+    ranks, ep = args.tp_size * args.ep_size > 1, f"--ep-size {args.ep_size}"
+    _only_with(args, [("--dispatch", "dispatch", "with --ep-size K > 1", args.ep_size > 1, ep),
+                      ("--master-port", "master_port", "with --tp-size or --ep-size K > 1", ranks, "one process"),
+                      ("--log-dir", "log_dir", "with --tp-size or --ep-size K > 1", ranks, "one process"),
+                      ("--tokens", "tokens", "without --input (it sets the tokens)", args.input is None, "--input"),
+                      ("--seed", "seed", "without --input (it seeds random tokens)", args.input is None, "--input")])
     _count("--tokens", args.tokens)
     _count("--repeat", args.repeat)
     _count("--tp-size", args.tp_size)
@@ -119,10 +139,17 @@ def _static_shape(spec):
 
 def cmd_export(args):
     from ms_swiglu.export.exporter import ExportRequest, export  # noqa: PLC0415
+    from ms_swiglu.export.verify_on_device import kit_id  # noqa: PLC0415 -- sha256 of manifest.json
 
+    ep = f"--ep-size {args.ep_size}"
+    _only_with(args, [("--dispatch", "dispatch", "with --ep-size K > 1", args.ep_size > 1, ep),
+                      ("--master-port", "master_port", "with --ep-size K > 1", args.ep_size > 1, ep)])
     _count("--ep-size", args.ep_size)
     if args.ep_size > 1 and args.layers is not None:
         raise UsageError(f"--ep-size: expected --layer N (one MoE layer), got --layers {args.layers}")
+    if args.ep_size > 1 and args.target == "ge":
+        raise UsageError("--ep-size: expected --target ascend or portable, got ge (its MoE graph holds every expert: "
+                         "MoeInitRouting takes no other rank's slots)")
     if args.checkpoint:
         ckpt = open_checkpoint(args.checkpoint)
         config = ckpt.config
@@ -140,6 +167,7 @@ def cmd_export(args):
         layers = _layer_range("0" if args.layers is None else args.layers)
     if not args.output_dir:
         raise UsageError("--output-dir: expected a folder name, got an empty string")
+    check_folder(args.output_dir, "--output-dir")
     hidden, inter = (config.hidden_size, config.intermediate_size) if args.checkpoint else PRESETS[args.preset]
     params = sum(config.layer_parameters(i) for i in layers) if args.checkpoint else 3 * hidden * inter * len(layers)
     # the network's weights and their copy in the MindIR (float32 where the dtype is not given)
@@ -165,11 +193,13 @@ def cmd_export(args):
     print(f"runtime paths with evidence for every op: {paths}")
     print(f"checked: graph (op types, straight-line), {golden}, device: {'yes' if checked['device'] else 'no'} "
           f"(on the device: python verify_on_device.py in {out})")
+    print(f"kit id: {kit_id(out)} (verify_on_device.py prints it first)")
     return 0
 
 
 def _export_ep(req, args):
     from ms_swiglu.export.parallel import export_ep  # noqa: PLC0415
+    from ms_swiglu.export.verify_on_device import kit_id  # noqa: PLC0415
 
     manifest = export_ep(req, args.ep_size, args.dispatch, args.master_port)
     out = os.path.abspath(args.output_dir)
@@ -181,6 +211,58 @@ def _export_ep(req, args):
     print(f"communication group: {comm['group']} ({comm['checked']})")
     print(f"checked: graphs (op types, straight-line), each rank's golden outputs against the "
           f"{manifest['ranks'][0]['checked']['golden']}; on the device, in {out}: {manifest['verify_command']}")
+    print(f"kit id: {kit_id(out)} (verify_on_device.py prints it first)")
+    return 0
+
+
+# The options that shape one export; --device-check makes its own kits (export.device_check.KITS), so each is
+# refused with it rather than ignored.
+_SINGLE_EXPORT = (("--checkpoint", "checkpoint"), ("--output-dir", "output_dir"), ("--layer", "layer"),
+                  ("--layers", "layers"), ("--target", "target"), ("--dtype", "dtype"), ("--quantize", "quantize"),
+                  ("--static-shape", "static_shape"), ("--air", "air"), ("--ep-size", "ep_size"),
+                  ("--dispatch", "dispatch"), ("--master-port", "master_port"))
+
+
+def _export_command(args):
+    """``export``: one export (--checkpoint or --preset, and --output-dir), or the device check's set."""
+    if args.device_check is not None:
+        return cmd_device_check(args)
+    if args.checkpoint is None and args.preset is None:
+        raise UsageError("export: expected --checkpoint, --preset or --device-check DIR, got none of them")
+    if args.output_dir is None:
+        raise UsageError("--output-dir: expected a folder with --checkpoint or --preset, got none")
+    args.target = "ascend" if args.target is None else args.target
+    args.ep_size = 1 if args.ep_size is None else args.ep_size
+    return cmd_export(args)
+
+
+def cmd_device_check(args):
+    from ms_swiglu.export import device_check  # noqa: PLC0415
+
+    for option, attribute in _SINGLE_EXPORT:
+        value = getattr(args, attribute)
+        if value is not None and value is not False:
+            given = option if value is True else f"{option} {value}"
+            raise UsageError(f"{option}: expected only --preset, --seed, --chip and --force beside --device-check "
+                             f"(its kits are fixed), got {given}")
+    if not args.device_check:
+        raise UsageError("--device-check: expected a folder name, got an empty string")
+    _count("--seed", args.seed, minimum=0)  # it seeds NumPy's generator of the checkpoint's weights
+    folder = check_folder(args.device_check, "--device-check")
+    bf16 = [key for key, chip in CHIPS.items() if chip.bfloat16]  # the kits are bfloat16, and a GE MoE layer
+    if args.chip not in bf16:
+        raise UsageError(f"--chip: expected {' or '.join(bf16)} with --device-check (its kits are bfloat16), got "
+                         f"{args.chip}")
+    preset = args.preset or device_check.DEFAULT_PRESET
+    shape = device_check.model_shape(preset)
+    check_fits("--preset", device_check.peak_bytes(shape))
+    manifest = device_check.write_set(folder, preset, args.seed, args.chip, args.force,
+                                      progress=lambda done, total: progress("device check", done, total, "kits"))
+    for kit in manifest["kits"]:
+        print(f"wrote {os.path.join(folder, kit['folder'], kit['model_file'])} (kit id {kit['id']})")
+    print(f"wrote {', '.join(os.path.join(folder, name) for name in device_check.OTHER)}")
+    print(f"on the device: copy {folder} to the NPU host (MindSpore 2.10 for Ascend, NumPy) and run `python "
+          f"{device_check.SCRIPT} [--device-id N]` in it; it prints one line per kit and what to send back")
     return 0
 
 
@@ -196,8 +278,8 @@ def build_parser():
     run.add_argument("--layer", type=int, required=True)
     run.add_argument("--input", help="float .npy of shape [..., hidden_size]")
     run.add_argument("--output", help="write the output here as float32 .npy")
-    run.add_argument("--tokens", type=int, default=16, help="seeded random tokens when there is no --input")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--tokens", type=int, help="seeded random tokens when there is no --input (default 16)")
+    run.add_argument("--seed", type=int, help="the random tokens' seed (default 0)")
     run.add_argument("--dtype", choices=DTYPE_NAMES, help="compute dtype (default: the checkpoint's)")
     run.add_argument("--backend", choices=BACKENDS, default="auto")
     run.add_argument("--repeat", type=int, default=3, help="timed calls after the compiling one")
@@ -205,9 +287,9 @@ def build_parser():
     run.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, launched with msrun")
     run.add_argument("--ep-size", type=int, default=1,
                      help="expert-parallel ranks (each holds E/K routed experts whole), launched with msrun")
-    run.add_argument("--dispatch", choices=DISPATCHES, default="replicated",
-                     help="with --ep-size: every rank the same tokens (replicated), or rank r the r-th of K row "
-                          "blocks of the input (sharded)")
+    run.add_argument("--dispatch", choices=DISPATCHES,
+                     help="with --ep-size: every rank the same tokens (replicated, the default), or rank r the r-th "
+                          "of K row blocks of the input (sharded)")
     run.add_argument("--master-port", type=int, help="msrun's port (default: a free one)")
     run.add_argument("--log-dir", help="msrun's log folder (default: a new temporary folder)")
     run.set_defaults(func=cmd_run)
@@ -228,30 +310,36 @@ def build_parser():
     conv.set_defaults(func=cmd_convert)
 
     exp = sub.add_parser("export", help="write a verified MindIR and an Ascend deployment kit")
-    src = exp.add_mutually_exclusive_group(required=True)
+    src = exp.add_mutually_exclusive_group()  # one of them or --device-check (_export_command)
     src.add_argument("--checkpoint", help="HuggingFace checkpoint folder, or FILE.safetensors written by convert")
     exp.add_argument("--quantize", choices=quant_names(),
                      help="weight-only quantization at load (a converted file keeps its own)")
-    src.add_argument("--preset", choices=sorted(PRESETS), help="seeded random weights of a known shape")
+    src.add_argument("--preset", choices=sorted(PRESETS), help="seeded random weights of a known shape (with "
+                                                               "--device-check: its dense layer's shape)")
     exp.add_argument("--layer", type=int, help="the MLP of this layer (with --checkpoint)")
     exp.add_argument("--layers", help="A-B: a stack of FFN blocks (RMSNorm -> MLP -> residual)")
     exp.add_argument("--seed", type=int, default=0)
-    exp.add_argument("--output-dir", required=True)
-    exp.add_argument("--target", choices=("ascend", "portable", "cpu"), default="ascend")
+    exp.add_argument("--output-dir", help="the export folder (with --checkpoint or --preset)")
+    exp.add_argument("--device-check", metavar="DIR",
+                     help="instead of one export: the kits of the device check (dense bfloat16, int8-g128 and "
+                          "float32, a DeepSeek-V3-style MoE layer on the ascend and ge targets) and "
+                          "run_device_check.py, written to DIR")
+    exp.add_argument("--target", choices=("ascend", "portable", "cpu", "ge"), help="default ascend")
     exp.add_argument("--dtype", choices=DTYPE_NAMES, help="default: the checkpoint's (float32 for presets)")
     exp.add_argument("--static-shape", help="B,S: a fixed [B, S, H] input (default: dynamic batch and sequence)")
     exp.add_argument("--force", action="store_true", help="replace an earlier export in --output-dir")
     exp.add_argument("--air", action="store_true",
                      help="AIR for ATC instead of MindIR (Ascend hosts only; AIR is deprecated in MindSpore 2.10)")
-    exp.add_argument("--ep-size", type=int, default=1,
-                     help="one MindIR and kit per expert-parallel rank (exported under msrun), for --layer N")
-    exp.add_argument("--dispatch", choices=DISPATCHES, default="replicated",
-                     help="with --ep-size: every rank the same tokens, or each its own")
+    exp.add_argument("--ep-size", type=int,
+                     help="one MindIR and kit per expert-parallel rank (exported under msrun), for --layer N "
+                          "(default 1)")
+    exp.add_argument("--dispatch", choices=DISPATCHES,
+                     help="with --ep-size: every rank the same tokens (replicated, the default), or each its own")
     exp.add_argument("--master-port", type=int, help="with --ep-size: msrun's port (default: a free one)")
     exp.add_argument("--chip", choices=list(CHIPS), default=DEFAULT_CHIP.key,
                      help="the Ascend chip family the kit is for (default atlas-a2); --target ascend takes the chips "
                           "CANN documents its ops for (docs/ascend.md)")
-    exp.set_defaults(func=cmd_export)
+    exp.set_defaults(func=_export_command)
 
     sub.add_parser("bench", add_help=False, help="MLP variants against the machine's ceilings (see --help)")
     return parser
@@ -289,7 +377,7 @@ def main(argv=None):
             stream.reconfigure(errors="backslashreplace")
     os.environ.setdefault("MS_OM_PATH", os.path.join(tempfile.gettempdir(), "ms-swiglu-om"))  # compile-failure dumps
     try:  # a signal raises once (ms_swiglu.signals): here, or while an error below is being reported
-        status = _reported(argv)
+        status = _reported(argv) if signals.received() is None else 0  # one taken while starting: no work
         signals.settle()
     except KeyboardInterrupt as exc:  # signals.Interrupted for SIGINT, SIGTERM, SIGHUP
         status = getattr(exc, "status", 128 + signal.SIGINT)

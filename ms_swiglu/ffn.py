@@ -75,17 +75,36 @@ class FFNBlock(TokenCell):
                 act.recompute()
 
     def construct(self, x):
-        return self.residual(x, self.mlp(self.post_attention_layernorm(x)))  # [T, H] -> [T, H]
+        return self.step(x)[0]
+
+    def step(self, x):
+        """(the block's output, its MLP's output): [T, H] -> ([T, H], [T, H])."""
+        branch = self.mlp(self.post_attention_layernorm(x))
+        return self.residual(x, branch), branch
 
 
 class FFNStack(TokenCell):
-    """Consecutive :class:`FFNBlock` s (attention left out), as exported for ``--layers A-B``."""
+    """Consecutive :class:`FFNBlock` s (attention left out), as exported for ``--layers A-B``.
 
-    def __init__(self, blocks):
+    ``branch_outputs``: the stack also returns each block's MLP (or MoE) output, after its own: an exported kit
+    checks every block through them (a block's branch may be a hundredth of the residual stream it adds to, too
+    small to see in the stack's output).
+
+    Outputs:
+        Tensor [..., H]; with ``branch_outputs`` a tuple (out, branch of block 0, ..., branch of block L-1).
+    """
+
+    def __init__(self, blocks, branch_outputs=False):
         super().__init__()
         self.blocks = nn.CellList(blocks)
+        self.branch_outputs = branch_outputs
+        self.n_outputs = 1 + len(blocks) if branch_outputs else 1
 
     def construct(self, x):
+        branches = ()
         for block in self.blocks:
-            x = block(x)
+            x, branch = block.step(x)
+            branches = branches + (branch,)
+        if self.branch_outputs:
+            return (x,) + branches
         return x

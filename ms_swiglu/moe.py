@@ -7,7 +7,8 @@ k = top_k, p = tp_size, K = ep_size, I_s = shared_intermediate_size.
     weights, ids = router(xs)                              # -> [T, k] float32, [T, k] int32
     ids = dispatch.local(ids, counts)                      # expert parallelism: this rank's experts, -1 others'
     out = dispatch.combine(experts(xs, ids, weights))      # sum_j weights[t, j] * expert_ids[t, j](x[t])
-    out += [sigmoid(shared_expert_gate(x)) *] shared_expert(x)      # Qwen2-MoE (gated), DeepSeek-V3
+    out += [sigmoid(shared_expert_gate(x)) *] shared_expert(x)      # Qwen2-MoE (gated), DeepSeek-V3 (an experts
+                                                           # op that ``adds_residual`` adds it in its own last pass)
     out = reduce(out)                                      # tensor parallelism: AllReduce
 """
 import mindspore as ms
@@ -54,9 +55,12 @@ class StackedExperts(nn.Cell):
         """A stacked weight as held, as [E, out, in]."""
         return self.op.unstore(w)
 
-    def construct(self, x, ids, weights):
+    def construct(self, x, ids, weights, residual=None):
+        if residual is None:
+            return self.op(x, ids, weights, self.gate_up_proj, self.down_proj, self.gate_up_proj_scale,
+                           self.down_proj_scale)
         return self.op(x, ids, weights, self.gate_up_proj, self.down_proj, self.gate_up_proj_scale,
-                       self.down_proj_scale)
+                       self.down_proj_scale, residual)  # an op that adds it itself (``adds_residual``)
 
 
 class PackedMoE(TokenCell):
@@ -110,7 +114,10 @@ class PackedMoE(TokenCell):
         self.backend, self.quant = resolve(backend), formats.name(method)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.top_k = num_experts, top_k
-        self.router = router.build(hidden_size, num_experts, top_k, dtype=dtype, backend=self.backend)
+        if self.backend.router is None:
+            self.router = router.build(hidden_size, num_experts, top_k, dtype=dtype, backend=self.backend)
+        else:  # the backend's own router Cell for this config (ops its graphs take)
+            self.router = self.backend.router(router, hidden_size, num_experts, top_k, dtype)
         self.experts = StackedExperts(hidden_size, intermediate_size // tp_size, num_experts // ep_size, dtype=dtype,
                                       backend=self.backend, quant=method, partial=ep_size > 1)
         self.shared_expert = self.shared_expert_gate = None
@@ -122,6 +129,8 @@ class PackedMoE(TokenCell):
                 self.shared_expert_gate = Dense(hidden_size, 1, dtype, self.backend)
         self.upcast = cpu_upcast(dtype, self.backend)
         self.reduce = reduce_cell(tp_size)
+        # the experts op adds the shared expert's output in its own last pass (one rank holds every expert)
+        self.fused_shared = self.experts.op.adds_residual and ep_size == 1
 
     def __call__(self, *args, **kwargs):
         x = args[0] if args else kwargs.get("x")
@@ -141,15 +150,24 @@ class PackedMoE(TokenCell):
         xs, counts = self.dispatch.gather(x, tokens)  # [T, H] (sharded: [K T, H] and each rank's real rows [K])
         weights, ids = self.router(xs)  # [T, k] float32, [T, k] int32
         ids = self.dispatch.local(ids, counts)  # expert parallelism: this rank's, -1 for others'
-        out = self.dispatch.combine(self.experts(xs, ids, weights))  # [T, H]
-        if self.shared_expert is not None:
-            shared = self.shared_expert(x)  # [T, H]
-            if self.shared_expert_gate is not None:
-                gate = ops.sigmoid(self.shared_expert_gate(x).astype(mstype.float32))  # [T, 1]
-                shared = (gate * shared.astype(mstype.float32)).astype(dtype)
-            out = out + shared
+        if self.fused_shared:
+            out = self.experts(xs, ids, weights, self._shared(x, dtype))  # [T, H]
+        else:
+            out = self.dispatch.combine(self.experts(xs, ids, weights))  # [T, H]
+            if self.shared_expert is not None:
+                out = out + self._shared(x, dtype)
         out = self.reduce(out)
         return out if len(shape) == 2 else _reshape(out, shape, self.upcast)
+
+    def _shared(self, x, dtype):
+        """The shared expert's output [T, H] ([sigmoid(shared_expert_gate(x)) *] shared_expert(x)), or None."""
+        if self.shared_expert is None:
+            return None
+        shared = self.shared_expert(x)  # [T, H]
+        if self.shared_expert_gate is not None:
+            gate = ops.sigmoid(self.shared_expert_gate(x).astype(mstype.float32))  # [T, 1]
+            shared = (gate * shared.astype(mstype.float32)).astype(dtype)
+        return shared
 
 
 def _reshape(x, shape, upcast):

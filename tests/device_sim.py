@@ -36,7 +36,11 @@ FAULTS = {
     "scaling_dropped": "routed_scaling_factor left out",
     "g128_neighbour_scale": "int8-g128: each row's last group dequantized with its neighbour group's scale",
     "shared_gate_ignored": "Qwen2-MoE's shared expert added without sigmoid(shared_expert_gate(x))",
+    "row_scale_shifted": "int8 per row: each row dequantized with the next row's scale",
+    "bias_in_weights": "DeepSeek-V3: the routing weights taken from the biased scores (the correction bias)",
+    "gain": "one branch (``gain@i``: the i-th of :func:`branches`) computed 1% too large",
 }  # (faults_for: those that apply to a network)
+GAIN = 0.01
 
 TILE_K = {"float32": 8, "float16": 16, "bfloat16": 16}
 
@@ -122,9 +126,9 @@ class _Golden:
     """float64, no intermediate rounding, int8 dequantized exactly."""
 
     def __init__(self):
-        self.ids = []
+        self.ids, self.parts, self.blocks = [], [], []
 
-    fault = None
+    fault = gain_at = None
     wide = np.float64
 
     def r(self, a, dtype):
@@ -153,7 +157,10 @@ class _Device:
     wide = np.float32
 
     def __init__(self, fault=None):
-        self.fault, self.ids = fault, []
+        self.fault, self.ids, self.parts, self.blocks = fault, [], [], []
+        self.gain_at = None
+        if fault is not None and fault.startswith("gain@"):
+            self.fault, self.gain_at = "gain", int(fault.split("@")[1])
 
     def r(self, a, dtype):
         return rnd(a, dtype)
@@ -168,6 +175,8 @@ class _Device:
         if self.fault == "g128_neighbour_scale" and s.ndim == p["q"].ndim and s.shape[-1] > 1:
             s = s.copy()
             s[..., -1] = s[..., -2]
+        if self.fault == "row_scale_shifted" and s.ndim < p["q"].ndim:
+            s = np.roll(s, -1, axis=-1)
         return rnd(_dequant(p["q"].astype(np.float32), s), dtype)  # q * scale exact in float32, rounded
 
 
@@ -245,7 +254,7 @@ def _router(ctx, r, x, dtype):
         np.put_along_axis(mask, keep, True, -1)
         choice = np.where(np.repeat(mask, size, -1), choice, -np.inf)
     _, idx = _topk(choice, r["k"])
-    weights = np.take_along_axis(scores, idx, -1)
+    weights = np.take_along_axis(choice if ctx.fault == "bias_in_weights" else scores, idx, -1)
     if r["renormalize"] and ctx.fault != "not_renormalised":
         weights = weights / (weights.sum(-1, keepdims=True) + wide(1e-20))
     if ctx.fault != "scaling_dropped":
@@ -275,14 +284,24 @@ def _moe(ctx, s, x):
             continue
         src = (e + 1) % n_exp if ctx.fault == "experts_reordered" else e
         ys[rows, slots] = _mlp(ctx, _expert(s["gate_up"], src), _expert(s["down"], src), x[rows], dtype)
-    out = ctx.r((weights[..., None] * ys).sum(1, dtype=ctx.wide), dtype)  # weighted in float32, rounded
+    out = _part(ctx, ctx.r((weights[..., None] * ys).sum(1, dtype=ctx.wide), dtype))  # weighted in float32
     if s["shared"] is not None:
-        shared = _block(ctx, s["shared"], x)
+        sh = s["shared"]
+        shared = _mlp(ctx, sh["gate_up"], sh["down"], x, sh["dtype"])
         if s["shared_gate"] is not None and ctx.fault != "shared_gate_ignored":
             gl = ctx.r(ctx.gemm(x, s["shared_gate"], dtype), dtype).astype(ctx.wide)  # [T, 1] in the dtype
             shared = ctx.r(_sigmoid(gl) * shared, dtype)
-        out = ctx.r(out + shared, dtype)
+        out = ctx.r(out + _part(ctx, shared), dtype)
     return out
+
+
+def _part(ctx, a):
+    """A branch as computed (a dense MLP's output, a MoE block's routed or shared part), noted in order of
+    evaluation; the ``gain`` fault scales the one it names."""
+    if ctx.fault == "gain" and ctx.gain_at == len(ctx.parts):
+        a = ctx.r(a * ctx.wide(1 + GAIN), "float32")
+    ctx.parts.append(np.asarray(a, np.float64))
+    return a
 
 
 def _ffn(ctx, s, x):
@@ -290,7 +309,9 @@ def _ffn(ctx, s, x):
     xw = x.astype(wide)
     var = np.mean(xw * xw, -1, keepdims=True)
     n = ctx.r(xw / np.sqrt(var + wide(s["eps"])) * s["norm"].astype(wide), dtype)
-    return ctx.r(xw + _block(ctx, s["mlp"], n).astype(wide), dtype)
+    m = _block(ctx, s["mlp"], n)
+    ctx.blocks.append((np.asarray(m, np.float64), len(ctx.parts)))  # the block's branch, the parts up to it
+    return ctx.r(xw + m.astype(wide), dtype)
 
 
 def _block(ctx, s, x):
@@ -303,7 +324,7 @@ def _block(ctx, s, x):
         return _ffn(ctx, s, x)
     if kind == "moe":
         return _moe(ctx, s, x)
-    return _mlp(ctx, s["gate_up"], s["down"], x, s["dtype"])
+    return _part(ctx, _mlp(ctx, s["gate_up"], s["down"], x, s["dtype"]))
 
 
 def _walk(spec):
@@ -342,6 +363,10 @@ def faults_for(spec):
         out.append("g128_neighbour_scale")
     if any(m["shared_gate"] is not None for m in moes):
         out.append("shared_gate_ignored")
+    if any(p["q"] is not None and p["scale"].ndim < p["q"].ndim for _, p in _projections(spec)):
+        out.append("row_scale_shifted")
+    if any(m["router"]["scoring"] == "sigmoid" and np.any(m["router"]["bias"] != 0) for m in moes):
+        out.append("bias_in_weights")
     return out
 
 
@@ -351,22 +376,51 @@ def dtype_of(spec):
     return spec["dtype"]
 
 
-def device(spec, x, fault=None):
+def device(spec, x, fault=None, outputs=False):
     """A correct (or, with ``fault``, a wrong) device's output float32 [T, H] for input ``x`` (values of the
-    dtype), and every MoE block's expert ids."""
-    if fault is not None and fault not in FAULTS:
+    dtype), and every MoE block's expert ids; ``outputs``: every output of the kit's graph instead of the first
+    (:func:`graph_outputs`)."""
+    if fault is not None and fault.split("@")[0] not in FAULTS:
         raise ValueError(f"fault: expected one of {sorted(FAULTS)}, got {fault!r}")
     ctx = _Device(fault)
     out = _block(ctx, spec, rnd(x, dtype_of(spec)))
+    if outputs:
+        return [np.asarray(o, np.float32) for o in graph_outputs(spec, out, ctx)[0]], ctx.ids
     return np.asarray(out, np.float32), ctx.ids
 
 
-def golden(spec, x):
+def golden(spec, x, outputs=False):
     """The float64 evaluation of the network on ``x`` (rounded to the dtype first, as the device gets it), as
-    float32, and every MoE block's expert ids."""
+    float32, and every MoE block's expert ids; ``outputs``: (every output of the kit's graph, the branches added
+    into each) instead of the first (:func:`graph_outputs`)."""
     ctx = _Golden()
     out = _block(ctx, spec, rnd(x, dtype_of(spec)).astype(np.float64))
+    if outputs:
+        outs, branches = graph_outputs(spec, out, ctx)
+        return ([o.astype(np.float32) for o in outs], [[b.astype(np.float32) for b in bs] for bs in branches]), ctx.ids
     return out.astype(np.float32), ctx.ids
+
+
+def graph_outputs(spec, out, ctx):
+    """The outputs of a kit's graph (a stack: its output, then each block's MLP or MoE output; otherwise the
+    block's output) and, for each, the branches added into it (a stack's output: its blocks; a block: its dense
+    MLP, or its MoE's routed and shared parts)."""
+    if spec["kind"] != "stack":
+        return [out], [ctx.parts]
+    starts = [0] + [end for _, end in ctx.blocks]
+    outs = [out] + [m for m, _ in ctx.blocks]
+    branches = [[m for m, _ in ctx.blocks]] + [ctx.parts[a:b] for a, b in zip(starts, starts[1:])]
+    return outs, branches
+
+
+def branches(spec):
+    """How many branches the network has (the ``gain@i`` faults): every dense MLP and MoE part, in order."""
+    ctx = _Golden()
+    h = (spec["blocks"][0] if spec["kind"] == "stack" else spec)
+    h = h["norm"].shape[0] if h["kind"] == "ffn" else (h["gate_up"]["w"] if h["gate_up"]["w"] is not None
+                                                        else h["gate_up"]["q"]).shape[-1]
+    _block(ctx, spec, np.zeros((1, h)))
+    return len(ctx.parts)
 
 
 def routing_differs(ids_a, ids_b):

@@ -28,6 +28,27 @@ MOE_LAYOUT = {
 }
 
 
+# one MoE layer of each family, as make_checkpoint arguments (DeepSeek-V3: a dense layer 0 first), and its index
+MOE_LAYER = {"mixtral": 0, "qwen2_moe": 0, "qwen3_moe": 0, "deepseek_v3": 1}
+
+
+def moe_families(inter, n_group):
+    """{family: make_checkpoint arguments} of one MoE layer of every family with expert size ``inter`` (Mixtral's
+    intermediate size), Qwen2-MoE's gated shared expert of 16, DeepSeek-V3's ``n_group`` groups (half of them
+    kept), a shared expert, sigmoid scores scaled by 2.5."""
+    return {
+        "mixtral": dict(layers=1, inter=inter),
+        "qwen2_moe": dict(layers=1, moe_inter=inter, shared_inter=16,
+                          config_extra={"shared_expert_intermediate_size": 16, "norm_topk_prob": False}),
+        "qwen3_moe": dict(layers=1, moe_inter=inter, config_extra={"norm_topk_prob": True}),
+        "deepseek_v3": dict(layers=2, moe_inter=inter, shared_inter=inter, sparse=[1],
+                            config_extra={"first_k_dense_replace": 1, "n_shared_experts": 1, "n_group": n_group,
+                                          "topk_group": n_group // 2, "routed_scaling_factor": 2.5,
+                                          "norm_topk_prob": True, "scoring_func": "sigmoid",
+                                          "topk_method": "noaux_tc"}),
+    }
+
+
 def make_checkpoint(folder, *, model_type="llama", hidden=32, inter=48, layers=2, dtype="float32", shards=1,
                     experts=0, top_k=2, seed=0, moe_inter=None, shared_inter=0, sparse=None, config_extra=None):
     """Writes the folder; returns {name: float32 array of the stored values} for the reference.

@@ -147,6 +147,13 @@ def test_a_simulated_correct_device_passes(name):
         _passes_by_margin(check(got, want, crit, excluded), crit, f"{name}, {t} tokens")
 
 
+# faults the error's mean alone sees on every case by the margin; the others change the output less (a weight
+# read with its neighbour row's scale, DeepSeek's correction bias in the weights: a few percent of some entries)
+# and fail on the 16-token case through the branches' fitted gains too (tests/test_kit_acceptance.py: whole kits)
+GROSS = ("gate_up_swapped", "silu_missing", "down_transposed", "experts_reordered", "not_renormalised",
+         "scaling_dropped", "g128_neighbour_scale", "shared_gate_ignored")
+
+
 @pytest.mark.parametrize("name", list(NETS))
 def test_each_fault_fails(name):
     _, spec, crit, runs = case(name)
@@ -154,15 +161,21 @@ def test_each_fault_fails(name):
     assert {"gate_up_swapped", "silu_missing"} <= set(faults)
     for t, (x, want, ids) in runs.items():
         excluded = ds.routing_differs(ids, ds.device(spec, x)[1])
+        (_, branches), _ = ds.golden(spec, x, outputs=True)
         for fault in faults:
-            r = check(ds.device(spec, x, fault)[0], want, crit, excluded)
-            assert not r["ok"], (name, t, fault, r, crit)
-            assert r["mean"] >= MARGIN * crit["mean_max"], (name, t, fault, r["mean"] / crit["mean_max"])
+            got = ds.device(spec, x, fault)[0]
+            if fault in GROSS:
+                r = check(got, want, crit, excluded)
+                assert not r["ok"], (name, t, fault, r, crit)
+                assert r["mean"] >= MARGIN * crit["mean_max"], (name, t, fault, r["mean"] / crit["mean_max"])
+            elif t == 16:
+                r = check(got, want, crit, excluded, branches[0])
+                assert not r["ok"], (name, t, fault, r, crit)
 
 
 def test_every_fault_is_exercised():
     seen = {f for name in NETS for f in ds.faults_for(case(name)[1])}
-    assert seen == set(ds.FAULTS)
+    assert seen | {"gain"} == set(ds.FAULTS)  # gain@i: every branch of every kit, tests/test_kit_acceptance.py
 
 
 def _cpu_ids(net, x):

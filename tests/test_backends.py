@@ -25,7 +25,7 @@ def test_every_registered_backend_is_one_object_named_as_registered():
         assert backends.resolve(b) is b
     assert backends.NAMES == ("auto", *backends.REGISTRY)
     assert backends.resolve("auto").name == "cpu"  # the device target here is CPU
-    with pytest.raises(ValueError, match=r"backend: expected one of auto, ascend, cpu, akg, composite, got 'gpu'"):
+    with pytest.raises(ValueError, match=r"backend: expected one of auto, ascend, cpu, akg, composite, ge, got 'gpu'"):
         backends.get("gpu")
 
 

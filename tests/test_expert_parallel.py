@@ -19,28 +19,18 @@ from ms_swiglu.checkpoint.files import SafetensorsFolder
 from ms_swiglu.checkpoint.load import load_moe
 from ms_swiglu.checkpoint.source import open_checkpoint
 from ms_swiglu.errors import InputError
-from ms_swiglu.export.exporter import CONTROL_FLOW
+from ms_swiglu.export.graph_checks import CONTROL_FLOW
 from ms_swiglu.export.mindir import collectives, op_types
 from ms_swiglu.layout import ParallelLayout
 from ms_swiglu.parallel import dispatch_cell
 from conftest import TOL, assert_close, cli_batch, processes_naming
 from ep_worker import BLOCKS, ROWS
-from hf_checkpoint import make_checkpoint, to_fp8
+from hf_checkpoint import MOE_LAYER, make_checkpoint, moe_families, to_fp8
 from moe_reference import rnd, silu
 
 H, I, E, TOP_K = 32, 24, 4, 2
 HERE = os.path.dirname(os.path.abspath(__file__))
-CKPTS = {  # make_checkpoint arguments: one MoE layer (DeepSeek-V3: a dense layer 0 first), E experts, top-2
-    "mixtral": dict(layers=1),
-    "qwen2_moe": dict(layers=1, moe_inter=I, shared_inter=16,
-                      config_extra={"shared_expert_intermediate_size": 16, "norm_topk_prob": False}),
-    "qwen3_moe": dict(layers=1, moe_inter=I, config_extra={"norm_topk_prob": True}),
-    "deepseek_v3": dict(layers=2, moe_inter=I, shared_inter=I, sparse=[1],
-                        config_extra={"first_k_dense_replace": 1, "n_shared_experts": 1, "n_group": 2,
-                                      "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
-                                      "scoring_func": "sigmoid", "topk_method": "noaux_tc"}),
-}
-MOE_LAYER = {"mixtral": 0, "qwen2_moe": 0, "qwen3_moe": 0, "deepseek_v3": 1}
+CKPTS = dict(moe_families(I, n_group=2), mixtral=dict(layers=1))  # Mixtral: the default intermediate size
 
 
 @pytest.fixture(scope="module")
@@ -455,7 +445,7 @@ def test_export_golden_outputs_are_each_ranks_part_of_one_process(ep_exports):
         for r, case in enumerate((c0, c1)):
             n = case["tokens_input"]
             xs.append(np.load(root / "ascend" / f"rank{r}" / case["input"]["npy"])[:n])
-            ys.append(np.load(root / "ascend" / f"rank{r}" / case["output"]["npy"])[:n])
+            ys.append(np.load(root / "ascend" / f"rank{r}" / case["outputs"][0]["npy"])[:n])
         want = whole(ms.Tensor(np.concatenate(xs))).asnumpy()
         assert_close(np.concatenate(ys), want.astype(np.float64), "float32", f"case {c0['case']}")
     assert [c["tokens_input"] for c in kits[1]["golden"]] == [0, 8]  # one token: rank 1 has none

@@ -536,13 +536,13 @@ def _golden_is_the_exact_chain_and_the_cpu_run_passes(converted, kit, manifest, 
              for n in ("gate_up_proj", "down_proj"))
     case = manifest["golden"][1]
     x = np.load(kit / case["input"]["npy"])
-    y = np.load(kit / case["output"]["npy"])
+    y = np.load(kit / case["outputs"][0]["npy"])
     np.testing.assert_allclose(y, ref_swiglu(x.astype(np.float64) @ gu.T) @ d.T, atol=1e-5, rtol=1.3e-6)
     np.save(tmp_path / "golden_x.npy", x)
     r = cli("run", "--checkpoint", converted, "--layer", layer, "--input", tmp_path / "golden_x.npy", "--output",
             tmp_path / "golden_y.npy", "--backend", "cpu")
     assert r.returncode == 0, r.stderr
-    result = check(np.load(tmp_path / "golden_y.npy"), y, manifest["acceptance"])
+    result = check(np.load(tmp_path / "golden_y.npy"), y, manifest["outputs"][0]["acceptance"])
     assert result["ok"] and result["mean"] > 0, result  # the dtype run differs from the exact chain, within it
 
 

@@ -135,7 +135,7 @@ def test_bad_input_is_rejected_before_any_kernel(backend, array, error, message,
 
 
 def test_bad_backend_name():
-    with pytest.raises(ValueError, match=r"backend: expected one of auto, ascend, cpu, akg, composite, got 'gpu'"):
+    with pytest.raises(ValueError, match=r"backend: expected one of auto, ascend, cpu, akg, composite, ge, got 'gpu'"):
         SwiGLU("gpu")
 
 

@@ -14,6 +14,7 @@ REGISTRY = {
     "cpu": "ms_swiglu.backends.cpu",  # the package's C++ kernels (aot Custom ops)
     "akg": "ms_swiglu.backends.akg",  # an AKG hybrid kernel
     "composite": "ms_swiglu.backends.composite",  # MindSpore ops: the reference
+    "ge": "ms_swiglu.backends.ge",  # ops with GE adapters only; sparse MoE by GE's MoE ops
 }
 NAMES = ("auto", *REGISTRY)
 

@@ -8,13 +8,19 @@ runtime path has evidence of taking the op in MindSpore 2.10:
   ``lib/plugin/libmindspore_ops_ascend.so``.
 - ``ge``: everything that compiles the graph through GE: MindSpore Lite's ``converter_lite --optimize=ascend_oriented``,
   AIR + ATC, jit_level O2. Evidence: the op's GE adapter (``OpAdapter<...>``) in the wheel's
-  ``lib/plugin/ascend/libmindspore_ascend_res_manager.so``; a GE prototype name alone is none.
+  ``lib/plugin/ascend/libmindspore_ascend_res_manager.so``, read from the installed wheel for every op of every
+  graph (:func:`ge_adapters`); a GE prototype name alone is none.
 
 The exporter refuses an ``ascend`` export whose ops a chip or dtype lacks (and names the ``portable`` target,
 whose MatMul/SiLU/Mul every path and chip takes), and the kit states which paths have evidence for every op of
 its graph. None of this was run on an NPU: it is what the documents and the wheel say.
 """
 import dataclasses
+import functools
+import importlib.util
+import mmap
+import os
+import re
 
 A2, A3, P310 = "atlas-a2", "atlas-a3", "atlas-310p"
 ALL = ("float32", "float16", "bfloat16")
@@ -94,10 +100,93 @@ def refusal(op_types, chip, dtype):
 
 
 def paths(op_types):
-    """``{path: {"evidence": bool, "missing": [ops without evidence]}}`` for a graph of ``op_types``."""
-    found = [s for op, s in SUPPORT.items() if op in op_types]
-    return {path: {"evidence": not [s.op for s in found if getattr(s, path) is None],
-                   "missing": [s.op for s in found if getattr(s, path) is None]} for path in PATHS}
+    """``{path: {"evidence": bool, "missing": [ops without evidence]}}`` for a graph of ``op_types``: MindSpore's
+    runtime by the support table's kernels (a Custom aot op is bound to the exporting host), GE by the wheel's
+    adapters, op by op (:func:`ge_adapters`; all of them missing where the wheel has no adapter library)."""
+    kernels = [s.op for op, s in SUPPORT.items() if op in op_types and s.mindspore is None]
+    adapters = ge_adapters() or frozenset()
+    missing = {"mindspore": kernels + [op for op in op_types if op == "Custom"],
+               "ge": [op for op in op_types if op not in adapters]}
+    return {path: {"evidence": not missing[path], "missing": missing[path]} for path in PATHS}
+
+
+# --- GE adapters, read from the wheel ------------------------------------------------------------------------------
+#
+# MindSpore registers an adapter per primitive name (REG_ADPT_DESC(<id>, <primitive name>, ADPT_DESC(<GE op>)) in
+# mindspore/ccsrc/.../op_adapter/op_declare/*.cc); the stripped .so keeps the adapters' RTTI names,
+# ``OpAdapter<mindspore::device::ascend::cz<GE op>>``, not the primitive names. A primitive is taken to have an adapter
+# when a GE op class of its own name is there (most are registered so), or when its row below names the class its
+# adapter is declared with. Identity is wrong only for a primitive without an adapter whose name is the GE op class
+# of another primitive's adapter: NOT_THEIR_OWN lists those of MindSpore 2.10 (found by decoding the wheel's
+# registrations: the GE op classes that no primitive of their name registers, which are MindSpore primitive names
+# too); none is an op of this package's graphs.
+_DECLARED = ("mindspore/ccsrc/plugin/res_manager/ascend/op_adapter/op_declare/{}.cc (mindspore-ai/mindspore_test "
+             "@a05ce588)")
+RENAMED = {  # primitive -> (the GE op class of its adapter, where MindSpore declares it)
+    "SiLU": ("Swish", _DECLARED.format("nonlinear_fuc_ops_declare")),  # REG_ADPT_DESC(Swish, kSiLUOpName, ...)
+    "MatMul": ("MatMulV2", _DECLARED.format("matrix_calculation_ops_declare")),  # (MatMulV2, kPrimMatMul->name())
+    "Softmax": ("SoftmaxV2", _DECLARED.format("nn_norm_ops_declare")),  # (Softmax, kNameSoftmax, SoftmaxV2)
+    "GatherD": ("GatherElements", _DECLARED.format("selection_ops_declare")),  # (GatherD, kNameGatherD, ...)
+    "Gather": ("GatherV2", _DECLARED.format("selection_ops_declare")),  # (Gather, kPrimGather->name(), GatherV2)
+    "CumSum": ("Cumsum", _DECLARED.format("selection_ops_declare")),  # (CumSum, kNameCumSum, Cumsum)
+    "Argmax": ("ArgMaxV2", _DECLARED.format("elewise_calculation_ops_declare")),  # (ArgMax, kNameArgmax, ...)
+    "QuantBatchMatmul": ("QuantBatchMatmulV3", _DECLARED.format("quantize_ops_declare")),
+    "WeightQuantBatchMatmul": ("WeightQuantBatchMatmulV2", _DECLARED.format("quantize_ops_declare")),
+    "DynamicQuantExt": ("DynamicQuant", _DECLARED.format("quantize_ops_declare")),
+    "QuantV2": ("AscendQuantV2", _DECLARED.format("quantize_ops_declare")),  # kNameAscendQuantV2 = "QuantV2"
+    "Depend": ("IdentityN", _DECLARED.format("array_ops_declare")),  # (IdentityNDepend, kNameDepend, IdentityN)
+    "MakeTuple": ("IdentityN", _DECLARED.format("array_ops_declare")),  # (IdentityNMakeTuple, ...)
+    "TupleGetItem": ("IdentityN", _DECLARED.format("array_ops_declare")),  # (IdentityNTupleGetItem, ...)
+    "Load": ("Identity", _DECLARED.format("array_ops_declare")),  # (IdentityLoad, kNameLoad, Identity)
+    "TensorShape": ("Shape", _DECLARED.format("array_ops_declare")),  # (TensorShape, kNameTensorShape, Shape)
+    "UpdateState": ("NoOp", _DECLARED.format("no_op_declare")),  # (NoOpUpdateState, kNameUpdateState, NoOp)
+    "AllReduce": ("HcomAllReduce", _DECLARED.format("hcom_ops_declare")),  # kNameAllReduce = "AllReduce"
+    "AllGather": ("HcomAllGather", _DECLARED.format("hcom_ops_declare")),  # kNameAllgather = "AllGather"
+}
+# GE op classes of other primitives' adapters that are also names of MindSpore primitives without one (GatherV2 is
+# Gather's, WeightQuantBatchMatmulV2 WeightQuantBatchMatmul's, DynamicQuant DynamicQuantExt's, Switch GeSwitch's)
+NOT_THEIR_OWN = frozenset({"DynamicQuant", "GatherV2", "Scatter", "SparseApplyAdadelta", "Switch",
+                           "WeightQuantBatchMatmulV2"})
+_RTTI = re.compile(rb"OpAdapterINS\d_(\d+)cz(\w+)")  # OpAdapter<...::cz<GE op>>: the length counts "cz"
+
+
+def adapter_library():
+    """The path of the installed wheel's GE adapter library, or None (no MindSpore, or a wheel without it). No
+    MindSpore import: the package is found by importlib."""
+    spec = importlib.util.find_spec("mindspore")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, GE_ADAPTERS)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def ge_adapters():
+    """The MindSpore primitive names with a GE adapter in the installed wheel (a frozenset; it holds the GE op
+    class names too, which is harmless for a lookup by primitive name), or None without the library."""
+    path = adapter_library()
+    if path is None:
+        return None
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        classes = {m.group(2)[:int(m.group(1)) - 2].decode() for m in _RTTI.finditer(data)}
+    return frozenset((classes - NOT_THEIR_OWN) | {op for op, (ge, _) in RENAMED.items() if ge in classes})
+
+
+# The chips CANN documents GE's MoE ops for (aclnnMoeInitRouting, aclnnMoeFinalizeRouting, aclnnMoeComputeExpertTokens,
+# aclnnMoeGatingTopKSoftmax, aclnnGroupedMatmul: Atlas A2, and A3 for the routing ops and the GroupedMatmul kernel's
+# later versions; 310P, 910A and 310B are listed as not supported): a ``ge`` graph holding one is refused elsewhere.
+GE_MOE_CHIPS = {op: (A2, A3) for op in ("MoeGatingTopKSoftmax", "MoeInitRouting", "MoeComputeExpertTokens",
+                                         "GroupedMatmul", "MoeFinalizeRouting")}
+
+
+def ge_refusal(op_types, chip):
+    """Why a ``ge`` graph of ``op_types`` cannot run on ``chip`` (a key), or None."""
+    bad = [op for op in op_types if chip not in GE_MOE_CHIPS.get(op, (chip,))]
+    if not bad:
+        return None
+    return (f"expected ops that CANN documents for {chip}, got {', '.join(bad)} (documented for "
+            f"{', '.join(GE_MOE_CHIPS[bad[0]])} only; ms_swiglu.backends.ascend_support)")
 
 
 def table():

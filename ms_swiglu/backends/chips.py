@@ -11,6 +11,7 @@ Sources (documents, not runs on an NPU):
 """
 import dataclasses
 import warnings
+from typing import Optional
 
 from ms_swiglu.backends.ascend_support import SUPPORT
 from ms_swiglu.errors import InputError
@@ -42,6 +43,67 @@ CHIPS = (
 BY_KEY = {c.key: c for c in CHIPS}
 BY_FAMILY = {c.soc_family: c for c in CHIPS}
 DEFAULT = BY_KEY["atlas-a2"]
+
+# Per-model figures for the kit's roofline prediction. Source of every row: the CANN runtime's platform config of
+# the SoC, the file CANN installs as <arch>-linux/data/platform_config/<SoC>.ini and publishes in the hicann/runtime
+# repository, src/platform/platform_config/cann/<SoC>.ini
+# (https://github.com/hicann/runtime/tree/681ef7610df13c8128982901142a2c869ddbb53e/src/platform/platform_config/cann):
+# cube_core_cnt, cube_freq (MHz) and [DtypeMKN] (the M, K, N of one cube instruction: Default=16,16,16,
+# DT_INT8=16,32,16). Peak = cores x frequency x M K N x 2 (a multiply-add is two operations). bfloat16 takes the
+# Default row (support_bf16=1, no row of its own), as float16 does. float32: no row gives its rate (None).
+# HBM bandwidth: None for every model: no public Huawei document found gives it per model (the files give none;
+# third-party pages disagree: 0.4 to 1.2 TB/s for "910B"); the prediction then has no memory term.
+PLATFORM_CONFIG = ("hicann/runtime src/platform/platform_config/cann/{soc}.ini (CANN platform config), commit "
+                   "681ef7610df13c8128982901142a2c869ddbb53e")
+CUBE_MKN = {"float16": 16 * 16 * 16, "bfloat16": 16 * 16 * 16, "int8": 16 * 32 * 16}  # [DtypeMKN]
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """One SoC model (what aclrtGetSocName answers), its cube and, where sourced, its HBM bandwidth."""
+
+    soc: str  # e.g. "Ascend910B3"
+    family: str  # MindSpore's normalised SoC version: the Chip it belongs to
+    cube_cores: int  # cube_core_cnt
+    cube_mhz: int  # cube_freq
+    hbm_gbps: Optional[float] = None  # GB/s (1e9 bytes); None: not sourced
+    note: str = ""
+
+    def peak(self, kind):
+        """Cube peak in operations per second for ``kind`` (float16, bfloat16, int8); None where not sourced."""
+        mkn = CUBE_MKN.get(kind)
+        return None if mkn is None else self.cube_cores * self.cube_mhz * 1e6 * mkn * 2
+
+    def entry(self):
+        """The manifest's record of the model (verify_on_device reads it; no package import on the device)."""
+        tera = {k: (None if self.peak(k) is None else round(self.peak(k) / 1e12, 1))
+                for k in ("float16", "bfloat16", "float32")}
+        return {"soc": self.soc, "family": self.family, "hbm_gbps": self.hbm_gbps, "cube_tflops": tera,
+                "int8_tops": round(self.peak("int8") / 1e12, 1), "source": PLATFORM_CONFIG.format(soc=self.soc),
+                "note": self.note}
+
+
+A3_DIE = "one die of an Atlas A3 NPU (two per NPU, each its own device)"
+MODELS = (
+    Model("Ascend910B1", "ascend910b", 24, 1850),
+    Model("Ascend910B2", "ascend910b", 24, 1800),
+    Model("Ascend910B2C", "ascend910b", 24, 1800),
+    Model("Ascend910B3", "ascend910b", 20, 1800),
+    Model("Ascend910B4", "ascend910b", 20, 1500),
+    Model("Ascend910B4-1", "ascend910b", 20, 1500),
+    Model("Ascend910_9391", "ascend910_93", 24, 1850, note=A3_DIE),
+    Model("Ascend910_9392", "ascend910_93", 24, 1850, note=A3_DIE),
+    Model("Ascend910_9381", "ascend910_93", 24, 1800, note=A3_DIE),
+    Model("Ascend910_9382", "ascend910_93", 24, 1800, note=A3_DIE),
+    Model("Ascend910_9372", "ascend910_93", 20, 1800, note=A3_DIE),
+    Model("Ascend910_9362", "ascend910_93", 20, 1500, note=A3_DIE),
+)
+BY_SOC = {m.soc: m for m in MODELS}
+
+
+def models(family):
+    """The :class:`Model` s of a SoC family (none for a family without sourced figures)."""
+    return [m for m in MODELS if m.family == family]
 
 
 def current():

@@ -22,6 +22,10 @@ class Facts:
     activation_bytes: Callable
     allowed_ops: Optional[frozenset] = None  # when set, the only op types an exported graph may hold
     partial_ops: frozenset = frozenset()  # op types its experts add on an expert-parallel rank (``partial``)
+    # its MoE graphs need a static token count (an op attribute the device's compiler fixes): exported only with
+    # a static input shape
+    static_moe: bool = False
+    expert_parallel: bool = True  # its experts run on an expert-parallel rank (``Backend.experts`` with ``partial``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +57,9 @@ class Backend:
     upcasts_on_cpu: bool  # its MindSpore MatMuls take float16/bfloat16 in float32 on a CPU device
     dynamic_shapes: bool  # a graph with dynamic token counts compiles
     facts: Facts
+    # (router config, hidden_size, num_experts, top_k, dtype) -> the router Cell of a MoE block in ops its graphs
+    # take (same Parameters as the config's own router); None: the config's own (``ms_swiglu.routers``)
+    router: Optional[Callable] = None
 
     def runs_on(self, device_target):
         return self.device in (None, device_target)
@@ -74,6 +81,9 @@ class ExpertsOp(nn.Cell):
     [E, out, in]; :meth:`store` and :meth:`unstore` convert (once, at load), so no layout reaches the Cells."""
 
     in_out = False
+    # it takes ``residual`` [T, H] (after the scales) and adds it to the weighted sum itself: the shared expert's
+    # output, which GE's MoeFinalizeRouting adds in the same pass
+    adds_residual = False
 
     def store(self, w):
         """A stacked weight [E, out, in] (an array, or its shape) as this op holds it."""

@@ -115,8 +115,11 @@ def moe_routers(gold, x):
     from ms_swiglu.ffn import FFNStack  # noqa: PLC0415
     from ms_swiglu.moe import PackedMoE  # noqa: PLC0415
 
+    blocks = list(gold.blocks) if isinstance(gold, FFNStack) else [gold]
+    if not any(isinstance(getattr(b, "mlp", b), PackedMoE) for b in blocks):
+        return []  # (no graph to compile for a dense network)
     h, found = ms.Tensor(x), []
-    for i, block in enumerate(gold.blocks if isinstance(gold, FFNStack) else [gold]):
+    for i, block in enumerate(blocks):
         mlp, n = (block.mlp, block.post_attention_layernorm(h)) if isinstance(gold, FFNStack) else (block, h)
         if isinstance(mlp, PackedMoE):
             found.append((i, mlp.router(n)[1].asnumpy(), mlp.num_experts, mlp))

@@ -170,16 +170,44 @@ def cli_batch(cases, *, env=None, timeout=600):
     """Runs ``ms-swiglu`` commands one after the other in one process (tests/cli_driver.py: one start-up of
     Python and MindSpore for all of them, each command's status and output its own). A case is an argv list, or
     a dict {"argv": [...], "cwd": folder, "watch": [folders]}. Returns a :class:`Ran` per case, in order."""
+    return cli_batch_start(cases, env=env).wait(timeout)
+
+
+class _Batch:
+    """A :func:`cli_batch` running in the background; :meth:`wait` gives its results."""
+
+    def __init__(self, spec, env):
+        self.spec = spec
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen([sys.executable, "-I", os.path.join(HERE, "cli_driver.py")],
+                                     stdin=subprocess.PIPE, stdout=self.out, stderr=self.err, text=True, env=env)
+        self.proc.stdin.write(json.dumps(spec))
+        self.proc.stdin.close()
+
+    def wait(self, timeout=600):
+        self.proc.wait(timeout=timeout)
+        self.out.seek(0)
+        self.err.seek(0)
+        stdout, stderr = self.out.read(), self.err.read()
+        results = [json.loads(line[len("CASE "):]) for line in stdout.splitlines() if line.startswith("CASE ")]
+        assert self.proc.returncode == 0 and len(results) == len(self.spec), (
+            f"cli_driver: exit {self.proc.returncode} after {len(results)} of {len(self.spec)} commands\n"
+            f"{stderr[-3000:]}")
+        return [Ran(c["argv"], res["status"], res["stdout"], res["stderr"], res["watched"])
+                for c, res in zip(self.spec, results)]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def cli_batch_start(cases, *, env=None):
+    """:func:`cli_batch` started in the background (a :class:`_Batch`)."""
     spec = [{"argv": [str(a) for a in c]} if isinstance(c, list) else
             {"argv": [str(a) for a in c["argv"]], "cwd": str(c["cwd"]) if c.get("cwd") else None,
              "watch": [str(w) for w in c.get("watch", ())]} for c in cases]
-    r = subprocess.run([sys.executable, "-I", os.path.join(HERE, "cli_driver.py")], input=json.dumps(spec),
-                       capture_output=True, text=True, timeout=timeout, env=env)
-    results = [json.loads(line[len("CASE "):]) for line in r.stdout.splitlines() if line.startswith("CASE ")]
-    assert r.returncode == 0 and len(results) == len(spec), (
-        f"cli_driver: exit {r.returncode} after {len(results)} of {len(spec)} commands\n{r.stderr[-3000:]}")
-    return [Ran(c["argv"], res["status"], res["stdout"], res["stderr"], res["watched"])
-            for c, res in zip(spec, results)]
+    return _Batch(spec, env)
 
 
 SHADOWS = ("glob", "json", "numpy", "subprocess", "safetensors", "mindspore")
@@ -327,11 +355,41 @@ def bench_started(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def _bench_in_background(request):
-    """Starts the bench (bench_started) with the session when a selected test uses bench_run: it takes over a
-    minute, mostly of one core, and the test files before test_bench.py (numerics, nothing timed) run beside it
-    on the other. test_bench.py's timed tests run after bench_run, its first test, has waited for it."""
-    if any("bench_run" in item.fixturenames for item in request.session.items):
+    """Starts the bench (bench_started), the kits of tests/test_kit_acceptance.py (kits_started) and the device
+    check of tests/test_device_check.py (device_check_started) with the session when a selected test uses them: each takes a minute or more, mostly of one core, and the test files
+    before them run beside them on the other. test_bench.py's timed tests run after bench_run, its first test, has
+    waited for it."""
+    used = {name for item in request.session.items for name in item.fixturenames}
+    if "bench_run" in used:
         request.getfixturevalue("bench_started")
+    if "kits" in used:
+        request.getfixturevalue("kits_started")
+    if "made" in used:
+        request.getfixturevalue("device_check_started")
+
+
+@pytest.fixture(scope="session")
+def device_check_started(tmp_path_factory):
+    """tests/test_device_check.py's commands, started in the background: (root folder, case names, the batch)."""
+    from test_device_check import start_set  # noqa: PLC0415
+
+    root = tmp_path_factory.mktemp("device_check")
+    names, batch = start_set(root)
+    yield root, names, batch
+    batch.stop()
+
+
+@pytest.fixture(scope="session")
+def kits_started(tmp_path_factory):
+    """tests/test_kit_acceptance.py's exports, started in the background: (root folder, the batch)."""
+    from kit_cases import KITS, make_checkpoints  # noqa: PLC0415
+
+    root = tmp_path_factory.mktemp("kits")
+    make_checkpoints(root)
+    batch = cli_batch_start([["export", "--checkpoint", root / ck, *opts, "--output-dir", root / name]
+                             for name, (ck, opts) in KITS.items()])
+    yield root, batch
+    batch.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import cli_batch
+from conftest import cli_batch_start
 from ms_swiglu.export import device_check
 
 KITS = {k.name: k for k in device_check.KITS}
@@ -34,11 +34,9 @@ def kit_lines(stdout):
     return {line.split(":")[0]: line for line in stdout.splitlines() if line.split(":")[0] in KITS}
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    """In one process: the set written (--preset tiny) into a folder holding another file, every refusal, then the
-    set replaced (--force --seed 1). ({name: Ran}, the set's folder, their folder)."""
-    root = tmp_path_factory.mktemp("device_check")
+def start_set(root):
+    """In one background process (conftest.device_check_started): the set written (--preset tiny) into a folder
+    holding another file, every refusal, then the set replaced (--force --seed 1). (case names, the batch)."""
     out, other, foreign = root / "set", root / "other", root / "foreign"
     foreign.mkdir()
     out.mkdir()
@@ -57,8 +55,14 @@ def made(tmp_path_factory):
              "foreign": base + [foreign, "--preset", "tiny", "--force"],
              "neither": ["export", "--preset", "tiny"],
              "force": base + [out, "--preset", "tiny", "--force", "--seed", "1"]}
-    runs = cli_batch([{"argv": argv, "watch": [root]} for argv in cases.values()])
-    return dict(zip(cases, runs)), out, root
+    return list(cases), cli_batch_start([{"argv": argv, "watch": [root]} for argv in cases.values()])
+
+
+@pytest.fixture(scope="module")
+def made(device_check_started):
+    """({name: Ran}, the set's folder, their folder) of :func:`start_set`'s commands."""
+    root, names, batch = device_check_started
+    return dict(zip(names, batch.wait())), root / "set", root
 
 
 def test_the_set_holds_the_five_kits_the_runner_and_their_ids(made):

@@ -335,6 +335,9 @@ BENCH = ["bench", "--preset", "tiny", "--tokens", "1", "4", "--rounds", "2", "--
          "0.01"]
 
 
+_BACKGROUND = []  # the processes the session started in the background (bench, kits, device check)
+
+
 @pytest.fixture(scope="session")
 def bench_started(tmp_path_factory):
     """`ms-swiglu bench` end to end on the tiny shape (BENCH: every variant at both jit levels, two dtypes and
@@ -347,6 +350,7 @@ def bench_started(tmp_path_factory):
     with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
         proc = subprocess.Popen([EXE, *BENCH, "--json", str(root / "b.json"), "--plot", str(root / "b.png")],
                                 cwd=cwd, stdout=out, stderr=err, env=dict(os.environ, TMPDIR=str(root / "tmp")))
+    _BACKGROUND.append(proc)
     yield proc, root
     if proc.poll() is None:
         proc.kill()
@@ -375,8 +379,17 @@ def device_check_started(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("device_check")
     names, batch = start_set(root)
+    _BACKGROUND.append(batch.proc)
     yield root, names, batch
     batch.stop()
+
+
+@pytest.fixture
+def background_done():
+    """Waits for the processes the session started in the background: a test whose benchmark's probes need every
+    thread on a CPU of its own runs after them."""
+    for proc in _BACKGROUND:
+        proc.wait(timeout=900)
 
 
 @pytest.fixture(scope="session")
@@ -388,6 +401,7 @@ def kits_started(tmp_path_factory):
     make_checkpoints(root)
     batch = cli_batch_start([["export", "--checkpoint", root / ck, *opts, "--output-dir", root / name]
                              for name, (ck, opts) in KITS.items()])
+    _BACKGROUND.append(batch.proc)
     yield root, batch
     batch.stop()
 

@@ -138,7 +138,7 @@ def test_bench_reports_every_variant_with_ceilings_memory_json_and_plot(bench_ru
     assert r.stdout.count("cost of one graph call") == 4
 
 
-def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paired_rounds(tmp_path):
+def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paired_rounds(tmp_path, background_done):
     def run():
         return subprocess.run([sys.executable, "-m", "ms_swiglu.tools.bench_quant", "--preset", "tiny", "--tokens", "1",
                                "4", "--layers", "1", "--rounds", "3", "--settle", "0.01", "--accuracy", "--json",

@@ -135,11 +135,12 @@ def _reach_every_expert(gold, x, rng, grow):
 
     random_tokens, aimed, hidden = x, np.zeros((0, x.shape[1]), np.float32), x.shape[1]
     for _ in range(8):
-        missing = _unreached(moe_routers(gold, x))
+        routers = moe_routers(gold, x)
+        missing = _unreached(routers)
         if not missing:
-            break
+            return x, {}
         new = []
-        for i, moe in ((i, moe) for i, _, _, moe in moe_routers(gold, x[:1]) if i in missing):
+        for i, moe in ((i, moe) for i, _, _, moe in routers if i in missing):
             w = moe.router.weight.astype(ms.float32).asnumpy()  # [E, H]: a token along row e scores e highest
             for start in range(0, len(missing[i]), moe.top_k):
                 rows = w[missing[i][start:start + moe.top_k]]

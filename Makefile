@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(PY) -m ms_swiglu.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 
 bench: $(STAMP)
 	$(PY) -m ms_swiglu.tools.bench_swiglu

@@ -49,7 +49,7 @@ setup(
         "decorator",  # AKG (graph-kernel fusion and hybrid kernels on the CPU) imports it
     ],
     # ml_dtypes: the tests' independent FP8 reference (0.6 needs NumPy 2)
-    extras_require={"test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5", "ml_dtypes<0.6"],
+    extras_require={"test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "matplotlib>=3.5", "ml_dtypes<0.6"],
                     "bench": ["matplotlib>=3.5"]},
     entry_points={"console_scripts": ["ms-swiglu = ms_swiglu.__main__:main"]},
 )

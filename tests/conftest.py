@@ -32,6 +32,15 @@ def pytest_configure(config):
     set_hypothesis_home_dir(str(config._tmp_path_factory.mktemp("hypothesis")))
 
 
+def pytest_collection_modifyitems(config, items):  # noqa: ARG001
+    """make test runs the suite on two pytest-xdist workers (``-n 2 --dist loadfile``): each test file runs whole on
+    one worker, so that its module fixtures run once (a session fixture of this file runs once per worker that
+    uses it: each is used by one test file). The files run in collection order, those that wait for a background
+    job (_bench_in_background) last, so that the job runs beside the others."""
+    waiting = {item.path for item in items if {"bench_run", "kits", "made"} & set(item.fixturenames)}
+    items.sort(key=lambda item: item.path in waiting)
+
+
 @pytest.fixture(params=list(MODES))
 def mode(request):
     """Runs the test once in GRAPH_MODE and once in PYNATIVE_MODE."""
@@ -173,41 +182,87 @@ def cli_batch(cases, *, env=None, timeout=600):
     return cli_batch_start(cases, env=env).wait(timeout)
 
 
-class _Batch:
-    """A :func:`cli_batch` running in the background; :meth:`wait` gives its results."""
+class _Job:
+    """A process whose stdin, stdout and stderr are files in ``folder`` and whose exit status is written to
+    ``folder/rc`` when it ends: one that any process of the session can wait for (the xdist workers share the
+    session's background jobs). ``argv`` None: a job another process started there."""
 
-    def __init__(self, spec, env):
+    def __init__(self, folder, argv=None, stdin="", env=None, cwd=None):
+        self.folder, self.args, self.proc = folder, argv, None
+        if argv is None:
+            return
+        os.makedirs(folder, exist_ok=True)
+        files = [os.path.join(folder, n) for n in ("stdin", "stdout", "stderr", "rc")]
+        with open(files[0], "w") as f:
+            f.write(stdin)
+        script = 'i=$1 o=$2 e=$3 r=$4; shift 4; "$@" < "$i" > "$o" 2> "$e"; echo $? > "$r.part"; mv "$r.part" "$r"'
+        self.proc = subprocess.Popen(["sh", "-c", script, "sh", *files, *map(str, argv)], cwd=cwd, env=env,
+                                     start_new_session=True)
+
+    def poll(self):
+        """Its exit status, None while it runs."""
+        try:
+            with open(os.path.join(self.folder, "rc")) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def returncode(self):
+        return self.poll()
+
+    def wait(self, timeout=900):
+        deadline = time.monotonic() + timeout
+        while (rc := self.poll()) is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args or self.folder, timeout)
+            time.sleep(0.2)
+        if self.proc is not None:
+            self.proc.wait()
+        return rc
+
+    def output(self, name):
+        with open(os.path.join(self.folder, name), errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        """Ends it (and what it started) if this process started it and it still runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+class _Batch:
+    """A :func:`cli_batch` running in the background (a :class:`_Job` in ``folder``, by default a new one in the
+    session's $TMPDIR); :meth:`wait` gives its results. ``start`` False: the batch another process started in
+    ``folder`` with this spec."""
+
+    def __init__(self, spec, env, folder=None, start=True):
         self.spec = spec
-        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen([sys.executable, "-I", os.path.join(HERE, "cli_driver.py")],
-                                     stdin=subprocess.PIPE, stdout=self.out, stderr=self.err, text=True, env=env)
-        self.proc.stdin.write(json.dumps(spec))
-        self.proc.stdin.close()
+        folder = folder or tempfile.mkdtemp(prefix="batch-")
+        argv = [sys.executable, "-I", os.path.join(HERE, "cli_driver.py")] if start else None
+        self.proc = _Job(folder, argv, json.dumps(spec), env)
 
     def wait(self, timeout=600):
-        self.proc.wait(timeout=timeout)
-        self.out.seek(0)
-        self.err.seek(0)
-        stdout, stderr = self.out.read(), self.err.read()
+        rc = self.proc.wait(timeout=timeout)
+        stdout, stderr = self.proc.output("stdout"), self.proc.output("stderr")
         results = [json.loads(line[len("CASE "):]) for line in stdout.splitlines() if line.startswith("CASE ")]
-        assert self.proc.returncode == 0 and len(results) == len(self.spec), (
-            f"cli_driver: exit {self.proc.returncode} after {len(results)} of {len(self.spec)} commands\n"
-            f"{stderr[-3000:]}")
+        assert rc == 0 and len(results) == len(self.spec), (
+            f"cli_driver: exit {rc} after {len(results)} of {len(self.spec)} commands\n{stderr[-3000:]}")
         return [Ran(c["argv"], res["status"], res["stdout"], res["stderr"], res["watched"])
                 for c, res in zip(self.spec, results)]
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        self.proc.stop()
 
 
-def cli_batch_start(cases, *, env=None):
-    """:func:`cli_batch` started in the background (a :class:`_Batch`)."""
+def cli_batch_start(cases, *, env=None, folder=None, start=True):
+    """:func:`cli_batch` started in the background (a :class:`_Batch`; in ``folder`` where given; ``start`` False:
+    the one another process started there)."""
     spec = [{"argv": [str(a) for a in c]} if isinstance(c, list) else
             {"argv": [str(a) for a in c["argv"]], "cwd": str(c["cwd"]) if c.get("cwd") else None,
              "watch": [str(w) for w in c.get("watch", ())]} for c in cases]
-    return _Batch(spec, env)
+    return _Batch(spec, env, folder, start)
 
 
 SHADOWS = ("glob", "json", "numpy", "subprocess", "safetensors", "mindspore")
@@ -335,34 +390,59 @@ BENCH = ["bench", "--preset", "tiny", "--tokens", "1", "4", "--rounds", "2", "--
          "0.01"]
 
 
-_BACKGROUND = []  # the processes the session started in the background (bench, kits, device check)
+_BACKGROUND = []  # the jobs the session started in the background (bench, kits, device check), as _Job s
+
+
+def _shared_root(tmp_path_factory):
+    """The folder of the session's background jobs: one for all xdist workers (their base folders' parent)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "background"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def _starts_jobs():
+    """Whether this process starts the background jobs: the session itself, or xdist's first worker."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
 
 
 @pytest.fixture(scope="session")
 def bench_started(tmp_path_factory):
     """`ms-swiglu bench` end to end on the tiny shape (BENCH: every variant at both jit levels, two dtypes and
     token counts, --memory's probe processes, a model of two blocks; --json b.json, --plot b.png), started from a
-    hostile working directory with its own $TMPDIR, its stdout and stderr into files: (Popen, its folder). Ended
-    at the session's end if still running."""
-    root = tmp_path_factory.mktemp("bench")
+    hostile working directory with its own $TMPDIR, its stdout and stderr into files: (its _Job, its folder).
+    Ended at the session's end if still running."""
+    root = _shared_root(tmp_path_factory) / "bench"
+    if not _starts_jobs():
+        yield _Job(root.parent / "bench-job"), root
+        return
+    root.mkdir()
     cwd = hostile_folder(root / "cwd")
     (root / "tmp").mkdir()
-    with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
-        proc = subprocess.Popen([EXE, *BENCH, "--json", str(root / "b.json"), "--plot", str(root / "b.png")],
-                                cwd=cwd, stdout=out, stderr=err, env=dict(os.environ, TMPDIR=str(root / "tmp")))
-    _BACKGROUND.append(proc)
-    yield proc, root
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    job = _Job(root.parent / "bench-job", [EXE, *BENCH, "--json", root / "b.json", "--plot", root / "b.png"], cwd=cwd,
+               env=dict(os.environ, TMPDIR=str(root / "tmp")))
+    _BACKGROUND.append(job)
+    yield job, root
+    _finish(job)
+
+
+def _finish(job):
+    """At the session's end: a job another worker may still wait for runs on to its end, then is stopped."""
+    try:
+        job.wait(timeout=900)
+    finally:
+        job.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _bench_in_background(request):
     """Starts the bench (bench_started), the kits of tests/test_kit_acceptance.py (kits_started) and the device
-    check of tests/test_device_check.py (device_check_started) with the session when a selected test uses them: each takes a minute or more, mostly of one core, and the test files
-    before them run beside them on the other. test_bench.py's timed tests run after bench_run, its first test, has
-    waited for it."""
+    check of tests/test_device_check.py (device_check_started) with the session when a selected test uses them:
+    each takes a minute or more, mostly of one core, and the tests before them run beside them. Under xdist the
+    first worker starts them (every worker collects every test) and the worker that runs their tests waits for
+    their files. test_bench.py's timed tests run after bench_run, its first test, has waited for it."""
+    if not _starts_jobs():
+        return
     used = {name for item in request.session.items for name in item.fixturenames}
     if "bench_run" in used:
         request.getfixturevalue("bench_started")
@@ -375,21 +455,27 @@ def _bench_in_background(request):
 @pytest.fixture(scope="session")
 def device_check_started(tmp_path_factory):
     """tests/test_device_check.py's commands, started in the background: (root folder, case names, the batch)."""
-    from test_device_check import start_set  # noqa: PLC0415
+    from test_device_check import set_cases, start_set  # noqa: PLC0415
 
-    root = tmp_path_factory.mktemp("device_check")
-    names, batch = start_set(root)
+    root = _shared_root(tmp_path_factory) / "device_check"
+    if not _starts_jobs():
+        names, cases = set_cases(root)
+        yield root, names, cli_batch_start(cases, folder=root.parent / "device_check-job", start=False)
+        return
+    root.mkdir()
+    names, batch = start_set(root, root.parent / "device_check-job")
     _BACKGROUND.append(batch.proc)
     yield root, names, batch
-    batch.stop()
+    _finish(batch.proc)
 
 
 @pytest.fixture
-def background_done():
-    """Waits for the processes the session started in the background: a test whose benchmark's probes need every
-    thread on a CPU of its own runs after them."""
-    for proc in _BACKGROUND:
-        proc.wait(timeout=900)
+def background_done(tmp_path_factory):
+    """Waits for the session's background jobs (every worker's): a test whose benchmark's probes need every thread
+    on a CPU of its own runs after them."""
+    root = _shared_root(tmp_path_factory)
+    for job in [*_BACKGROUND, *(_Job(d) for d in root.glob("*-job"))]:
+        job.wait(timeout=900)
 
 
 @pytest.fixture(scope="session")
@@ -397,13 +483,18 @@ def kits_started(tmp_path_factory):
     """tests/test_kit_acceptance.py's exports, started in the background: (root folder, the batch)."""
     from kit_cases import KITS, make_checkpoints  # noqa: PLC0415
 
-    root = tmp_path_factory.mktemp("kits")
+    root = _shared_root(tmp_path_factory) / "kits"
+    cases = [["export", "--checkpoint", root / ck, *opts, "--output-dir", root / name] for name, (ck, opts) in
+             KITS.items()]
+    if not _starts_jobs():
+        yield root, cli_batch_start(cases, folder=root.parent / "kits-job", start=False)
+        return
+    root.mkdir()
     make_checkpoints(root)
-    batch = cli_batch_start([["export", "--checkpoint", root / ck, *opts, "--output-dir", root / name]
-                             for name, (ck, opts) in KITS.items()])
+    batch = cli_batch_start(cases, folder=root.parent / "kits-job")
     _BACKGROUND.append(batch.proc)
     yield root, batch
-    batch.stop()
+    _finish(batch.proc)
 
 
 @pytest.fixture(scope="session")
@@ -411,10 +502,10 @@ def bench_run(bench_started):
     """The bench's run, waited for. Shared: test_bench checks its report, test_reliability that none of its
     processes imported from the working directory: its result (a CompletedProcess), the paths of its JSON and
     plot, its working directory."""
-    proc, root = bench_started
-    proc.wait(timeout=900)
-    out, err = ((root / name).read_text(errors="replace") for name in ("stdout", "stderr"))
-    return types.SimpleNamespace(result=subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
+    job, root = bench_started
+    rc = job.wait(timeout=900)
+    out, err = job.output("stdout"), job.output("stderr")
+    return types.SimpleNamespace(result=subprocess.CompletedProcess([EXE, *BENCH], rc, out, err),
                                  json=root / "b.json", png=root / "b.png", cwd=root / "cwd")
 
 

@@ -154,13 +154,17 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
     assert [row["tokens"] for row in data["speed"]] == [1, 4]
     for row in data["speed"]:
         b, q = row["bfloat16"], row["int8"]
+        # where the host was too busy for the peaks (the suite runs beside other processes): times and ratios, no
+        # fraction of a ceiling, and why
+        measured = row["ceilings_unmeasured"] is None
+        assert measured or "the host is busy" in row["ceilings_unmeasured"]
         # int8 weights: half the bytes of bfloat16 ones, plus a float32 scale per row (2I + H rows)
         assert q["bytes"] == b["bytes"] // 2 + 4 * (2 * 176 + 64)
         s = row["int8/bf16 speedup"]
         assert s["median"] == pytest.approx(b["median_ms"] / q["median_ms"])
         assert 0 < s["paired"]["p10"] <= s["paired"]["median"] <= s["paired"]["p90"]
-        assert ("read_probe_GB/s" in row) == (row["tokens"] == 1) == ("fraction_of_read" in q)
-        if row["tokens"] == 1:  # int8's conversions against the machine's peak for the kernel's instructions
+        assert ("read_probe_GB/s" in row) == (row["tokens"] == 1 and measured) == ("fraction_of_read" in q)
+        if row["tokens"] == 1 and measured:  # int8's conversions against the machine's peak for the kernel's instructions
             from ms_swiglu.backends.cpu import kernels
 
             peak = row["int8_conversion_peak"]
@@ -188,28 +192,30 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
         else:
             assert "int8_conversion_peak" not in row and "ceiling" not in s and "projections" not in row
             # above one token int8 weights take a float32 GEMM: its FMAs' peak beside an int16 GEMM's multiplies
-            assert row["multiply_peaks"]["fma_float32"] > 0 and row["multiply_peaks"]["int16_gemm_vpmaddwd"] > 0
-        assert ("multiply_peaks" in row) == (row["tokens"] > 1)
+            if measured:
+                assert row["multiply_peaks"]["fma_float32"] > 0 and row["multiply_peaks"]["int16_gemm_vpmaddwd"] > 0
+        assert ("multiply_peaks" in row) == (row["tokens"] > 1 and measured)
         # the same MLP Cells as a graph compiled for this token count: the same bytes, its own times and speed-up
         assert row["shapes"] == ["dynamic", "static"]
         bs, qs, ss = row["bfloat16 static"], row["int8 static"], row["int8/bf16 speedup static"]
         assert (bs["bytes"], qs["bytes"]) == (b["bytes"], q["bytes"])
         assert ss["median"] == pytest.approx(bs["median_ms"] / qs["median_ms"])
         assert 0 < ss["paired"]["p10"] <= ss["paired"]["median"] <= ss["paired"]["p90"]
-        assert ("ceiling" in ss) == ("ceiling" in s) == (row["tokens"] == 1)
+        assert ("ceiling" in ss) == ("ceiling" in s) == (row["tokens"] == 1 and measured)
         assert {"fraction", "slow_calls", "attempts", "flagged"} <= set(row["disturbance"])
         # the same weights through the library's calls alone (bit-equal to the graph, or the bench stops)
         for name, graph in (("bfloat16", b), ("int8", q)):
             lib = row[f"{name} library"]
             assert lib["bytes"] == graph["bytes"] and 0 < lib["min_ms"] <= lib["median_ms"]
             assert lib["GB/s"] == pytest.approx(lib["bytes"] / lib["median_ms"] / 1e6)
-            assert ("fraction_of_read" in lib) == (row["tokens"] == 1)
+            assert ("fraction_of_read" in lib) == (row["tokens"] == 1 and measured)
         assert 0 < row["graph_call_ms"]["min"] <= row["graph_call_ms"]["median"]
-    # a graph line per shape kind at each N, and each projection alone at N=1
-    assert r.stdout.count("paired by round") == 2 * 2 + 2 and r.stdout.count("the library's calls alone") == 2
+    # a graph line per shape kind at each N, and (ceilings measured) each projection alone at N=1
+    alone = 2 * (data["speed"][0]["ceilings_unmeasured"] is None)
+    assert r.stdout.count("paired by round") == 2 * 2 + alone and r.stdout.count("the library's calls alone") == 2
     assert r.stdout.count("graph, dynamic shapes") == r.stdout.count("graph, static shapes") == 2
-    assert r.stdout.count("conversions against their peak") == 3  # N=1: both graphs and the library's calls
-    assert r.stdout.count("alone (library)") == 2  # gate_up and down at N=1
+    assert r.stdout.count("conversions against their peak") == 3 * alone // 2  # N=1: both graphs and the library's
+    assert r.stdout.count("alone (library)") == alone  # gate_up and down at N=1
     # per output row only: groups of 128 divide neither H=64 nor I=176
     assert [(a["outliers"], a["scales"]) for a in data["accuracy"]] == [("rows", "per output row"),
                                                                        ("columns", "per output row")]
@@ -664,3 +670,12 @@ def test_bench_quant_gives_its_fractions_by_the_ceiling_rule():
     with pytest.raises(CeilingError, match=r"^int8: 80\.0 G weights/s is 160\.0% of the peak of int8_vpmaddwd"):
         _fractions({"int8": (dict(int8, median_ms=5.0), 400_000_000)}, Ceiling("read probe", 100.0, "GB/s"),
                    Ceiling("peak of int8_vpmaddwd", 50.0, "G weights/s"))
+
+
+def test_the_bench_and_its_probe_processes_never_import_from_the_working_directory(bench_run):
+    """conftest's shared bench (its memory probe processes) runs from a working directory whose glob, json, numpy,
+    subprocess, safetensors and mindspore modules leave a mark if imported."""
+    from conftest import pwned
+
+    assert bench_run.result.returncode == 0, bench_run.result.stderr[-2000:]
+    assert pwned(bench_run.cwd) == []

@@ -34,14 +34,22 @@ def kit_lines(stdout):
     return {line.split(":")[0]: line for line in stdout.splitlines() if line.split(":")[0] in KITS}
 
 
-def start_set(root):
-    """In one background process (conftest.device_check_started): the set written (--preset tiny) into a folder
-    holding another file, every refusal, then the set replaced (--force --seed 1). (case names, the batch)."""
-    out, other, foreign = root / "set", root / "other", root / "foreign"
+def start_set(root, folder):
+    """In one background process (conftest.device_check_started; its files in ``folder``): the set written
+    (--preset tiny) into a folder holding another file, every refusal, then the set replaced (--force --seed 1).
+    (case names, the batch)."""
+    out, foreign = root / "set", root / "foreign"
     foreign.mkdir()
     out.mkdir()
     (out / "mine.txt").write_text("not the set's")
     (foreign / "manifest.json").write_text(json.dumps({"name": "tiny-mlp0-ascend-float32", "files": {}}))
+    names, cases = set_cases(root)
+    return names, cli_batch_start(cases, folder=folder)
+
+
+def set_cases(root):
+    """(case names, cli_batch cases) of :func:`start_set`."""
+    out, other, foreign = root / "set", root / "other", root / "foreign"
     base = ["export", "--device-check"]
     cases = {"set": base + [out, "--preset", "tiny"],
              "again": base + [out, "--preset", "tiny"],
@@ -55,7 +63,7 @@ def start_set(root):
              "foreign": base + [foreign, "--preset", "tiny", "--force"],
              "neither": ["export", "--preset", "tiny"],
              "force": base + [out, "--preset", "tiny", "--force", "--seed", "1"]}
-    return list(cases), cli_batch_start([{"argv": argv, "watch": [root]} for argv in cases.values()])
+    return list(cases), [{"argv": argv, "watch": [root]} for argv in cases.values()]
 
 
 @pytest.fixture(scope="module")

@@ -487,3 +487,12 @@ def test_golden_outputs_put_gate_first(exports):
         up_first = ref_swiglu(np.concatenate([x @ gate_up[inter:].T, x @ gate_up[:inter].T], -1)) @ down.T
         np.testing.assert_allclose(y, gate_first, atol=1e-5, rtol=1.3e-6)
         assert np.abs(y - up_first).max() > 1e-2
+
+
+def test_export_children_never_import_from_the_working_directory(target_exports):
+    """conftest's shared exports (ascend, portable, cpu), each run from a working directory whose glob, json, numpy,
+    subprocess, safetensors and mindspore modules leave a mark if imported: every export passed, none marked."""
+    from conftest import pwned
+
+    assert sorted(target_exports.kits) == ["ascend", "cpu", "portable"]  # each exit 0 (the fixture checks)
+    assert pwned(target_exports.cwd) == []

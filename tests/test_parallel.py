@@ -136,3 +136,35 @@ def test_port_in_use_and_missing_msrun(dense, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda *a, **k: None)
     assert cli.main(["run", "--checkpoint", dense[0], "--layer", "0", "--tp-size", "2"]) == 2
     assert "msrun: expected MindSpore's launcher on PATH" in capsys.readouterr().err
+
+
+def test_tp_workers_never_import_from_the_working_directory(tp_success):
+    """conftest's shared msrun job (its ranks) runs from a working directory whose glob, json, numpy, subprocess,
+    safetensors and mindspore modules leave a mark if imported."""
+    from conftest import pwned
+
+    assert tp_success.result.returncode == 0, tp_success.result.stderr[-2000:]
+    assert pwned(tp_success.cwd) == []
+
+
+def test_tp_job_folders_are_removed_or_kept_for_diagnosis_and_pruned(tp_success, tp_failure):
+    """conftest's shared msrun jobs: a success leaves nothing in $TMPDIR (no job folder, nor their empty parent
+    ms-swiglu-tp); a failed job keeps its logs (not its input) and prunes the earlier jobs it found to the newest
+    three failed ones (no killed job's folder)."""
+    from conftest import OLD_JOBS
+
+    assert tp_success.result.returncode == 0 and not os.path.exists(tp_success.tmp / "ms-swiglu-tp")
+    r, jobs = tp_failure.result, tp_failure.jobs  # its $TMPDIR held OLD_JOBS and KILLED_JOB beforehand
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 1 and len(lines) == 1 and "worker 1 failed" in lines[0], r.stderr[-2000:]
+    log = r.stderr.strip().rsplit("(log: ", 1)[1].rstrip(")")
+    assert log.startswith(str(jobs)) and os.path.exists(log)
+    job = os.path.basename(os.path.dirname(os.path.dirname(log)))
+    assert sorted(os.listdir(jobs)) == sorted(OLD_JOBS[2:] + [job])  # the newest three earlier failed jobs
+    assert os.listdir(jobs / job) == ["logs"]  # the logs only: neither the input nor the running mark
+
+
+def test_ctrl_c_leaves_no_job_folder(tp_interrupted):
+    """conftest's shared Ctrl-C to a tensor-parallel run once its ranks run: no job folder, nor their parent."""
+    assert tp_interrupted.returncode == 130 and "interrupted" in tp_interrupted.stderr
+    assert not os.path.exists(tp_interrupted.jobs)

@@ -16,7 +16,7 @@ import pytest
 
 from ms_swiglu.checkpoint import read_safetensors
 from ms_swiglu.errors import InputError
-from conftest import OLD_JOBS, cli_batch, pwned
+from conftest import cli_batch, pwned
 from hf_checkpoint import make_checkpoint
 
 H, I = 32, 48
@@ -47,23 +47,7 @@ def tmpenv(tmp_path):
     return dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
 
 
-# ---- 1. no code from the working directory ------------------------------------------------------------------
-
-def test_export_children_never_import_from_the_working_directory(target_exports):
-    """conftest's shared exports (ascend, portable, cpu), each run from a working directory whose glob, json, numpy,
-    subprocess, safetensors and mindspore modules leave a mark if imported: every export passed, none marked."""
-    assert sorted(target_exports.kits) == ["ascend", "cpu", "portable"]  # each exit 0 (the fixture checks)
-    assert pwned(target_exports.cwd) == []
-
-
-def test_bench_probes_and_tp_workers_never_import_from_the_working_directory(bench_run, tp_success):
-    """conftest's shared bench (its memory probe processes) and msrun job (its ranks), each run from such a
-    working directory."""
-    assert bench_run.result.returncode == 0, bench_run.result.stderr[-2000:]
-    assert pwned(bench_run.cwd) == []
-    assert tp_success.result.returncode == 0, tp_success.result.stderr[-2000:]
-    assert pwned(tp_success.cwd) == []
-
+# ---- 1. no code from the working directory (the shared runs': test_export, test_bench, test_parallel) ---------
 
 # ---- 2. outputs whole or not at all ---------------------------------------------------------------------------
 
@@ -554,26 +538,6 @@ def test_a_bug_is_shown_as_one_with_its_traceback_kept(ckpt, tmp_path, tmpenv):
 
 
 # ---- 5. leftovers --------------------------------------------------------------------------------------------
-
-def test_tp_job_folders_are_removed_or_kept_for_diagnosis_and_pruned(tp_success, tp_failure):
-    """conftest's shared msrun jobs: a success leaves nothing in $TMPDIR (no job folder, nor their empty parent
-    ms-swiglu-tp); a failed job keeps its logs (not its input) and prunes the earlier jobs it found to the newest
-    three failed ones (no killed job's folder)."""
-    assert tp_success.result.returncode == 0 and not os.path.exists(tp_success.tmp / "ms-swiglu-tp")
-    r, jobs = tp_failure.result, tp_failure.jobs  # its $TMPDIR held OLD_JOBS and KILLED_JOB beforehand
-    one_line(r, 1, "worker 1 failed")
-    log = r.stderr.strip().rsplit("(log: ", 1)[1].rstrip(")")
-    assert log.startswith(str(jobs)) and os.path.exists(log)
-    job = os.path.basename(os.path.dirname(os.path.dirname(log)))
-    assert sorted(os.listdir(jobs)) == sorted(OLD_JOBS[2:] + [job])  # the newest three earlier failed jobs
-    assert os.listdir(jobs / job) == ["logs"]  # the logs only: neither the input nor the running mark
-
-
-def test_ctrl_c_leaves_no_job_folder(tp_interrupted):
-    """conftest's shared Ctrl-C to a tensor-parallel run once its ranks run: no job folder, nor their parent."""
-    assert tp_interrupted.returncode == 130 and "interrupted" in tp_interrupted.stderr
-    assert not os.path.exists(tp_interrupted.jobs)
-
 
 def test_a_killed_converts_temporaries_are_removed_by_the_next(ckpt, tmp_path):
     stale = tmp_path / ".o.safetensors.9999991.abc.tmp"  # a dead process's

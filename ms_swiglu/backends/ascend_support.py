@@ -168,8 +168,15 @@ def ge_adapters():
     path = adapter_library()
     if path is None:
         return None
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        classes = {m.group(2)[:int(m.group(1)) - 2].decode() for m in _RTTI.finditer(data)}
+    with open(path, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            classes = {m.group(2)[:int(m.group(1)) - 2].decode() for m in _RTTI.finditer(data)}
+        finally:
+            try:
+                data.close()
+            except BufferError:  # a signal's exception in the scan: its traceback holds a match; freed with it
+                pass
     return frozenset((classes - NOT_THEIR_OWN) | {op for op, (ge, _) in RENAMED.items() if ge in classes})
 
 

@@ -1,14 +1,16 @@
 """Which part of each tensor a rank holds: :class:`ParallelLayout`, shared by tensor parallelism (a block of every
 intermediate size) and expert parallelism (whole experts by range). It reads the split of each tensor from the
-schema (``ms_swiglu.schema``) and the split of scales from the quant method. No MindSpore here.
+schema (``ms_swiglu.schema``) and the split of every other part of a weight from its axes (``ms_swiglu.quant``).
+No MindSpore here.
 """
 import dataclasses
 
 import numpy as np
 
 from ms_swiglu.errors import InputError
-from ms_swiglu.packing import check_tp, shard_down, shard_packed
-from ms_swiglu.schema import SCALE, Split
+from ms_swiglu.packing import shard_packed, tp_block
+from ms_swiglu.quant.base import Part
+from ms_swiglu.schema import Split
 
 # How tokens meet an expert-parallel MoE block (the Cells: ms_swiglu.parallel.DISPATCH): the same tokens on every
 # rank, or each rank its own.
@@ -32,6 +34,20 @@ class ParallelLayout:
         check_split(tp_size, ep_size)
         return cls(tp_size, rank if tp_size > 1 else 0, ep_size, rank if ep_size > 1 else 0)
 
+    @classmethod
+    def given(cls, layout=None, tp_size=1, ep_size=1, ep_rank=0):
+        """A Cell's layout: ``layout`` itself, or the one its shorthand keywords name (tensor parallelism's
+        ``tp_size``, expert parallelism's ``ep_size`` and ``ep_rank``); not both."""
+        if layout is None:
+            check_split(tp_size, ep_size)
+            return cls(tp_size=tp_size, ep_size=ep_size, ep_rank=ep_rank)
+        if (tp_size, ep_size, ep_rank) != (1, 1, 0):
+            raise InputError(f"layout: expected a ParallelLayout or tp_size / ep_size / ep_rank, got both ({layout} "
+                             f"and {tp_size}, {ep_size}, {ep_rank})")
+        if not isinstance(layout, cls):
+            raise InputError(f"layout: expected a ParallelLayout, got {layout!r}")
+        return layout
+
     @property
     def rank(self):
         """The world rank."""
@@ -49,9 +65,12 @@ class ParallelLayout:
 
     def block(self, size):
         """The rank's block of an intermediate size ``size`` (checked: tp_size divides it)."""
-        check_tp(size, self.tp_size, self.tp_rank)
-        n = size // self.tp_size
-        return slice(self.tp_rank * n, (self.tp_rank + 1) * n)
+        return tp_block(size, self.tp_size, self.tp_rank)
+
+    def local(self, size):
+        """How much of an intermediate size ``size`` the rank holds."""
+        block = self.block(size)
+        return block.stop - block.start
 
     def hf_part(self, spec):
         """The index of the rank's part of one HF tensor of ``spec`` (gate/up [I, H], down [H, I]), read as such
@@ -63,32 +82,37 @@ class ParallelLayout:
         return None
 
     def shard(self, spec, tensors, method):
-        """``{kind: array}`` of the rank's part of the tensor ``spec`` and its scales (from ``tensors``, the whole
-        layer's arrays); ``method``: the quant method the scales are of."""
+        """``{kind + suffix: array}`` of the rank's part of the tensor ``spec`` and of the format's parts beside it
+        (``method``: a :class:`~ms_swiglu.quant.base.QuantMethod`), from ``tensors``, the whole layer's arrays. Each
+        part splits by its axes: whole experts; rows with the rows (``[gate_r; up_r]``); an input axis by the
+        rank's column block in whole elements (a group's scale, a byte of two int4 values), or the split is
+        refused with the numbers; a part with neither is replicated."""
+        if spec.kind not in tensors:
+            return {}
+        parts = method.parts if spec.quantized and method.quantized else (Part("", "", per=1),)
         out = {}
-        w, scale = tensors.get(spec.kind), tensors.get(spec.kind + SCALE)
-        if w is None:
-            return out
-        if spec.experts and self.ep_size > 1:  # [E, ...] -> [E/K, ...]: whole experts, their scales with them
-            mine = self.experts(spec.experts)
-            w, scale = w[mine.start:mine.stop], None if scale is None else scale[mine.start:mine.stop]
-        if spec.split is Split.ROWS:
-            out[spec.kind] = shard_packed(w, self.tp_size, self.tp_rank)  # [..., 2I/p, H]
-            if scale is not None:  # each row its scales: [..., 2I] or [..., 2I, groups]
-                rows_last = scale.ndim < w.ndim
-                s = scale[..., None] if rows_last else scale
-                s = shard_packed(s, self.tp_size, self.tp_rank)
-                out[spec.kind + SCALE] = s[..., 0] if rows_last else s
-        elif spec.split is Split.COLUMNS:
-            columns = self.block(w.shape[-1])
-            out[spec.kind] = shard_down(w, self.tp_size, self.tp_rank)  # [..., H, I/p]
-            if scale is not None:
-                out[spec.kind + SCALE] = method.shard_scale(scale, w.shape[-1], columns)
-        else:
-            out[spec.kind] = w
-            if scale is not None:
-                out[spec.kind + SCALE] = scale
+        for part in parts:
+            a = tensors[spec.kind + part.suffix]
+            if spec.experts and self.ep_size > 1:  # [E, ...] -> [E/K, ...]: whole experts, every part with them
+                mine = self.experts(spec.experts)
+                a = a[mine.start:mine.stop]
+            if spec.split is Split.ROWS and part.rows:  # [..., 2I, ...] -> [..., 2I/p, ...]
+                a = shard_packed(a if part.per else a[..., None], self.tp_size, self.tp_rank)
+                a = a if part.per else a[..., 0]
+            elif spec.split is Split.COLUMNS and part.per:  # [..., I / per] -> [..., I / (p per)]
+                a = a[..., self._elements(self.block(spec.size), part, method)]
+            out[spec.kind + part.suffix] = a
         return out
+
+    def _elements(self, columns, part, method):
+        """The slice of a part's input axis (an element per ``part.per`` inputs) that holds ``columns``."""
+        per = part.per
+        if columns.start % per or (columns.stop - columns.start) % per:
+            what = (f"groups of {per}" if per == method.group else
+                    f"{per}-input elements of its {part.suffix or 'weight'}")
+            raise InputError(f"quant {method.name}: expected a rank's columns to hold whole {what}, got columns "
+                             f"{columns.start}..{columns.stop - 1}")
+        return slice(columns.start // per, columns.stop // per)
 
 
 def row_blocks(tokens, ep_size):

@@ -57,9 +57,10 @@ class Linear(nn.Cell):
             raise InputError(f"swiglu: expected an even d_out (2I, [gate, up]), got {d_out}")
         self.dtype, method = to_dtype(dtype), formats.get(quant)
         self.backend, self.quant = resolve(backend), formats.name(method)
-        method.create_weights(self, "weight", (d_out, d_in), self.dtype)  # weight, weight_scale
+        # weight and its format's other parts (weight_scale, ...), which the op takes after it
+        self.aux = ms.ParameterTuple(method.create_weights(self, "weight", (d_out, d_in), self.dtype))
         self.op = self.backend.linear(self.dtype, swiglu, method)
 
     def construct(self, x):
-        return self.op(x, self.weight, self.weight_scale)
+        return self.op(x, self.weight, *self.aux)
 

@@ -14,7 +14,8 @@ from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
 from ms_swiglu.initial import empty_weights
 from ms_swiglu.linear import Dense, Linear
-from ms_swiglu.packing import check_tp, pack_state_dict, unpack_state_dict
+from ms_swiglu.layout import ParallelLayout
+from ms_swiglu.packing import pack_state_dict, unpack_state_dict
 from ms_swiglu.parallel import reduce_cell
 
 
@@ -26,6 +27,9 @@ class PackedSwiGLUMLP(TokenCell):
 
     With ``tp_size`` p > 1 this rank holds the column-parallel ``[gate_r; up_r]`` and the row-parallel
     ``down[:, r]``, and an AllReduce sums the ranks' partial outputs (``ms_swiglu.parallel``).
+
+    ``layout`` (a :class:`~ms_swiglu.layout.ParallelLayout`; ``tp_size`` names one too) says which block of the
+    intermediate size this rank holds.
 
     ``quant="int8"``: both projections weight-only int8, each row with its float32 scale (``*.weight_scale``:
     gate and up rows keep their own; down's scales cover whole rows, so every rank holds all H of them).
@@ -39,16 +43,18 @@ class PackedSwiGLUMLP(TokenCell):
         out:                 [T, H]
     """
 
-    def __init__(self, hidden_size, intermediate_size, *, dtype=ms.float32, backend="auto", tp_size=1, quant=None):
+    def __init__(self, hidden_size, intermediate_size, *, dtype=ms.float32, backend="auto", tp_size=1, quant=None,
+                 layout=None):
         super().__init__()
         self.compute_dtype = dtype = to_dtype(dtype)
-        check_tp(intermediate_size, tp_size)
-        self.hidden_size, self.intermediate_size, self.tp_size = hidden_size, intermediate_size, tp_size
+        self.layout = ParallelLayout.given(layout, tp_size)
+        self.hidden_size, self.intermediate_size, self.tp_size = hidden_size, intermediate_size, self.layout.tp_size
+        local = self.layout.local(intermediate_size)
         method = formats.get(quant)
-        self.backend, local, self.quant = resolve(backend), intermediate_size // tp_size, formats.name(method)
+        self.backend, self.quant = resolve(backend), formats.name(method)
         self.gate_up_proj = Linear(hidden_size, 2 * local, dtype=dtype, backend=self.backend, swiglu=True, quant=method)
         self.down_proj = Linear(local, hidden_size, dtype=dtype, backend=self.backend, quant=method)
-        self.reduce = reduce_cell(tp_size)
+        self.reduce = reduce_cell(self.tp_size)
 
     def construct(self, x):
         return self.reduce(self.down_proj(self.gate_up_proj(x)))  # [T, H] -> [T, 2I/p] -SwiGLU-> [T, I/p] -> [T, H]
@@ -94,7 +100,7 @@ def to_quantized(packed, quant="int8", backend=None):
         raise InputError(f"to_quantized: expected a float PackedSwiGLUMLP, got one quantized to {packed.quant}")
     with empty_weights():
         mlp = PackedSwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=packed.compute_dtype,
-                              backend=backend or packed.backend, tp_size=packed.tp_size, quant=formats.get(quant))
+                              backend=backend or packed.backend, layout=packed.layout, quant=formats.get(quant))
     return load_weights(mlp, formats.quantize_state_dict(weights(packed), quant))
 
 

@@ -21,10 +21,9 @@ from ms_swiglu.backends.matmul import cpu_upcast
 from ms_swiglu.cells import TokenCell
 from ms_swiglu.config import to_dtype
 from ms_swiglu.errors import InputError
-from ms_swiglu.layout import check_split
+from ms_swiglu.layout import ParallelLayout
 from ms_swiglu.linear import Dense
 from ms_swiglu.mlp import PackedSwiGLUMLP
-from ms_swiglu.packing import check_tp
 from ms_swiglu.parallel import dispatch_cell, reduce_cell
 from ms_swiglu.routing import router_config
 
@@ -43,9 +42,11 @@ class StackedExperts(nn.Cell):
         super().__init__()
         method = formats.get(quant)
         self.op = backend.experts(dtype, method, partial)  # partial: ids -1 (another rank's experts) add nothing
-        for name, shape in (("gate_up_proj", (num_experts, 2 * intermediate_size, hidden_size)),
-                            ("down_proj", (num_experts, hidden_size, intermediate_size))):
-            method.create_weights(self, name, shape, dtype, stored=self.store(shape))  # and {name}_scale
+        # each weight and its format's other parts ({name}_scale, ...), which the op takes as a tuple after it
+        self.gate_up_aux, self.down_aux = (ms.ParameterTuple(method.create_weights(
+            self, name, shape, dtype, stored=self.store(shape))) for name, shape in (
+                ("gate_up_proj", (num_experts, 2 * intermediate_size, hidden_size)),
+                ("down_proj", (num_experts, hidden_size, intermediate_size))))
 
     def store(self, w):
         """A stacked weight [E, out, in] (or its shape) as the op holds it."""
@@ -57,10 +58,9 @@ class StackedExperts(nn.Cell):
 
     def construct(self, x, ids, weights, residual=None):
         if residual is None:
-            return self.op(x, ids, weights, self.gate_up_proj, self.down_proj, self.gate_up_proj_scale,
-                           self.down_proj_scale)
-        return self.op(x, ids, weights, self.gate_up_proj, self.down_proj, self.gate_up_proj_scale,
-                       self.down_proj_scale, residual)  # an op that adds it itself (``adds_residual``)
+            return self.op(x, ids, weights, self.gate_up_proj, self.down_proj, self.gate_up_aux, self.down_aux)
+        return self.op(x, ids, weights, self.gate_up_proj, self.down_proj, self.gate_up_aux, self.down_aux,
+                       residual)  # an op that adds it itself (``adds_residual``)
 
 
 class PackedMoE(TokenCell):
@@ -98,7 +98,7 @@ class PackedMoE(TokenCell):
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, *, dtype=ms.float32, backend="auto",
                  router=None, tp_size=1, shared_intermediate_size=0, shared_expert_gate=False, quant=None,
-                 ep_size=1, ep_rank=0, dispatch="replicated", scoring="softmax", **router_options):
+                 ep_size=1, ep_rank=0, dispatch="replicated", scoring="softmax", layout=None, **router_options):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise InputError(f"top_k: expected 1..num_experts ({num_experts}), got {top_k}")
@@ -106,9 +106,8 @@ class PackedMoE(TokenCell):
             raise InputError(f"router: expected a router config or scoring and its options, got both ({router} and "
                              f"{scoring}, {sorted(router_options)})")
         router = router or router_config(scoring, **router_options)
-        check_tp(intermediate_size, tp_size)
-        check_split(tp_size, ep_size)
-        self.dispatch = dispatch_cell(num_experts, ep_size, ep_rank, dispatch)
+        self.layout = layout = ParallelLayout.given(layout, tp_size, ep_size, ep_rank)
+        self.dispatch = dispatch_cell(num_experts, layout, dispatch)
         self.compute_dtype = dtype = to_dtype(dtype)
         method = formats.get(quant)
         self.backend, self.quant = resolve(backend), formats.name(method)
@@ -118,19 +117,19 @@ class PackedMoE(TokenCell):
             self.router = router.build(hidden_size, num_experts, top_k, dtype=dtype, backend=self.backend)
         else:  # the backend's own router Cell for this config (ops its graphs take)
             self.router = self.backend.router(router, hidden_size, num_experts, top_k, dtype)
-        self.experts = StackedExperts(hidden_size, intermediate_size // tp_size, num_experts // ep_size, dtype=dtype,
-                                      backend=self.backend, quant=method, partial=ep_size > 1)
+        self.experts = StackedExperts(hidden_size, layout.local(intermediate_size),
+                                      len(layout.experts(num_experts)), dtype=dtype, backend=self.backend,
+                                      quant=method, partial=layout.ep_size > 1)
         self.shared_expert = self.shared_expert_gate = None
-        if shared_intermediate_size:
-            check_tp(shared_intermediate_size, tp_size)
-            self.shared_expert = PackedSwiGLUMLP(hidden_size, shared_intermediate_size // tp_size, dtype=dtype,
+        if shared_intermediate_size:  # the rank's block, summed by this block's reduce
+            self.shared_expert = PackedSwiGLUMLP(hidden_size, layout.local(shared_intermediate_size), dtype=dtype,
                                                  backend=self.backend, quant=method)
             if shared_expert_gate:
                 self.shared_expert_gate = Dense(hidden_size, 1, dtype, self.backend)
         self.upcast = cpu_upcast(dtype, self.backend)
-        self.reduce = reduce_cell(tp_size)
+        self.reduce = reduce_cell(layout.tp_size)
         # the experts op adds the shared expert's output in its own last pass (one rank holds every expert)
-        self.fused_shared = self.experts.op.adds_residual and ep_size == 1
+        self.fused_shared = self.experts.op.adds_residual and layout.ep_size == 1
 
     def __call__(self, *args, **kwargs):
         x = args[0] if args else kwargs.get("x")

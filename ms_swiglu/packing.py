@@ -75,18 +75,24 @@ def check_tp(inter, tp_size, rank=0):
         raise InputError(f"rank: expected 0..{tp_size - 1}, got {rank}")
 
 
+def tp_block(size, tp_size, rank):
+    """Rank ``rank``'s block of an intermediate size ``size`` split over ``tp_size`` ranks (checked): the one
+    formula of the package's tensor parallelism (``ParallelLayout.block`` and the sharding below)."""
+    check_tp(size, tp_size, rank)
+    n = size // tp_size
+    return slice(rank * n, (rank + 1) * n)
+
+
 def shard_packed(gate_up, tp_size, rank):
     """Rank ``rank``'s ``[gate_r; up_r]`` of a packed ``[2I, H]`` weight (``[..., 2I, H]`` for experts).
 
-    Each logical part is split into ``tp_size`` row blocks and the rank's blocks are re-concatenated; the
-    block of part i starts at ``sum(sizes[:i]) + rank * sizes[i] // tp_size``. A plain split of the packed
-    matrix would give rank 0 all of gate.
+    Each half is split into ``tp_size`` row blocks (:func:`tp_block`) and the rank's blocks are
+    re-concatenated. A plain split of the packed matrix would give rank 0 all of gate.
     """
     inter = np.shape(gate_up)[-2] // 2
-    check_tp(inter, tp_size, rank)
-    sizes, block = (inter, inter), inter // tp_size
-    starts = [sum(sizes[:i]) + rank * block for i in range(len(sizes))]
-    return np.concatenate([gate_up[..., s:s + block, :] for s in starts], axis=-2)
+    block = tp_block(inter, tp_size, rank)
+    return np.concatenate([gate_up[..., part * inter + block.start:part * inter + block.stop, :] for part in (0, 1)],
+                          axis=-2)
 
 
 def unshard_packed(shards):
@@ -106,10 +112,7 @@ def unpack_gate_up_nd(gate_up):
 
 def shard_down(down, tp_size, rank):
     """Rank ``rank``'s columns ``[H, I/p]`` of ``down [H, I]`` (``[..., H, I]`` for experts)."""
-    inter = np.shape(down)[-1]
-    check_tp(inter, tp_size, rank)
-    block = inter // tp_size
-    return down[..., rank * block:(rank + 1) * block]
+    return down[..., tp_block(np.shape(down)[-1], tp_size, rank)]
 
 
 def unshard_down(shards):

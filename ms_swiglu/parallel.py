@@ -11,7 +11,7 @@ from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
 from ms_swiglu.errors import InputError
-from ms_swiglu.layout import DISPATCHES, ParallelLayout
+from ms_swiglu.layout import DISPATCHES
 
 
 class _Collective(nn.Cell):
@@ -79,9 +79,8 @@ class ReplicatedTokens(Dispatch):
     name = "replicated"
     graph_ops = frozenset({"AllReduce", "Sub", "GreaterEqual", "LessScalar", "LogicalAnd"})
 
-    def __init__(self, num_experts, ep_size, ep_rank):
+    def __init__(self, num_experts, ep_size, ep_rank, mine):  # noqa: ARG002 -- mine: the rank's experts, a range
         super().__init__()
-        mine = ParallelLayout(ep_size=ep_size, ep_rank=ep_rank).experts(num_experts)
         self.count, self.first = len(mine), ms.Tensor(mine.start, mstype.int32)
         self.reduce = AllReduceSum()
 
@@ -112,8 +111,8 @@ class ShardedTokens(ReplicatedTokens):
     own_tokens = True
     graph_ops = ReplicatedTokens.graph_ops | {"AllGather", "OnesLike", "CumSum", "LessEqual", "Gather", "Squeeze"}
 
-    def __init__(self, num_experts, ep_size, ep_rank):
-        super().__init__(num_experts, ep_size, ep_rank)
+    def __init__(self, num_experts, ep_size, ep_rank, mine):
+        super().__init__(num_experts, ep_size, ep_rank, mine)
         self.ep_size, self.rank = ep_size, ms.Tensor([ep_rank], mstype.int32)
         self.gather_rows, self.gather_counts = AllGatherRows(), ops.AllGather()
 
@@ -146,13 +145,13 @@ DISPATCH = {cls.name: cls for cls in (ReplicatedTokens, ShardedTokens)}
 assert tuple(DISPATCH) == DISPATCHES, "ms_swiglu.layout.DISPATCHES names the dispatchers the CLI offers"
 
 
-def dispatch_cell(num_experts, ep_size=1, ep_rank=0, tokens="replicated"):
-    """The :class:`Dispatch` of a MoE block with ``ep_size`` expert-parallel ranks; ``tokens``: "replicated"
+def dispatch_cell(num_experts, layout, tokens="replicated"):
+    """The :class:`Dispatch` of a MoE block on the rank of ``layout`` (a ParallelLayout); ``tokens``: "replicated"
     (every rank has the same tokens) or "sharded" (each its own)."""
     if tokens not in DISPATCH:
         raise InputError(f"dispatch: expected one of {', '.join(DISPATCH)}, got {tokens!r}")
-    ParallelLayout(ep_size=ep_size, ep_rank=ep_rank).experts(num_experts)  # (checks both)
-    return Dispatch() if ep_size == 1 else DISPATCH[tokens](num_experts, ep_size, ep_rank)
+    mine = layout.experts(num_experts)  # (checks ep_size and ep_rank)
+    return Dispatch() if layout.ep_size == 1 else DISPATCH[tokens](num_experts, layout.ep_size, layout.ep_rank, mine)
 
 
 def init(world_size):

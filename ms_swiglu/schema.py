@@ -18,13 +18,19 @@ expert's; every name below is under the layer's prefix ``model.layers.{i}.{block
     shared_down     shared_expert.down_proj.weight       {shared}down_proj.weight      {shared}down        columns
     shared_gate     shared_expert_gate.weight [1, H]     (the family's key)            (the same)          replicated
 
-A quantized tensor's scales are ``{kind}_scale`` / ``{name}_scale`` beside it, split with it (the quant method
-says how).
+A quantized tensor's other parts (its format's: scales, zero points, activation scales) are ``{kind}{suffix}`` /
+``{name}{suffix}`` beside it and split with it by their axes (``ms_swiglu.quant.base.Part``): over experts
+whole; with the rows in a ``rows`` split; in a ``columns`` split along their input axis by whole elements (a
+group's scale, a byte of two int4 values), or refused; a part with neither axis replicated.
 """
 import dataclasses
 import enum
 
-SCALE = "_scale"  # a weight's scales are named after it: {name}_scale
+# A weight's other parts (its format's, ms_swiglu.quant) are named after it: {name}{suffix}
+SCALE = "_scale"  # its scales
+ZERO = "_zero"  # its zero points (asymmetric int4)
+INPUT_SCALE, INPUT_OFFSET = "_input_scale", "_input_offset"  # its activations' static int8 scale and offset
+PART_SUFFIXES = (SCALE, ZERO, INPUT_SCALE, INPUT_OFFSET)
 
 
 class Split(enum.Enum):

@@ -113,6 +113,14 @@ def on_path(path):
             yield
 
 
+def q_op(op, w, scale):
+    """The library's op ``op`` for int8 weights ``w`` with ``scale``: the per-row format's for scales [..., M], the
+    grouped format's for [..., M, G] (ms_swiglu.backends.cpu.kernels.op_name)."""
+    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
+
+    return kernels.op_name(op, "int8" if np.ndim(scale) < np.ndim(w) else "int8-g128")
+
+
 def to_tensor(a, dtype):
     """A float32 NumPy array as a Tensor of dtype (a name), plus the float64 copy of the rounded values."""
     t = ms.Tensor(np.asarray(a, np.float32)).astype(DTYPES[dtype])

@@ -159,6 +159,7 @@ def test_a_onednn_outside_the_headers_abi_is_refused_and_the_kernels_fall_back(t
 NO_REFERENCE = r"""
 import numpy as np
 from ms_swiglu.backends.cpu import kernels
+op = lambda name, w, s: kernels.op_name(name, "int8" if s.ndim < w.ndim else "int8-g128")  # its format's op
 from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.quant.int8 import quantize_int8
 rng = np.random.default_rng(0)
@@ -174,10 +175,10 @@ for dtype in kernels.dtypes():
             with kernels.forced_path(path):
                 kernels.run("Linear", x, as_dtype(w), np.zeros((n, 96), np_dtype), dtype=dtype)
                 for (q, s), (qe, se) in quantized.values():
-                    kernels.run("QLinear", x, q, s, np.zeros((n, 96), np_dtype), dtype=dtype)
-                    kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, 48), np_dtype), dtype=dtype)
+                    kernels.run(op("Linear", q, s), x, q, s, np.zeros((n, 96), np_dtype), dtype=dtype)
+                    kernels.run(op("GateUpSwiglu", q, s), x, q, s, np.zeros((n, 48), np_dtype), dtype=dtype)
                     if n == 100:
-                        kernels.run("QMoeGateUpSwiglu", x, ids, qe, se, np.zeros((200, 48), np_dtype), dtype=dtype)
+                        kernels.run(op("MoeGateUpSwiglu", qe, se), x, ids, qe, se, np.zeros((200, 48), np_dtype), dtype=dtype)
 print("DONE")
 """
 
@@ -185,6 +186,7 @@ print("DONE")
 DECOMPRESSION = r"""
 import numpy as np
 from ms_swiglu.backends.cpu import kernels
+op = lambda name, w, s: kernels.op_name(name, "int8" if s.ndim < w.ndim else "int8-g128")  # its format's op
 from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.quant.int8 import quantize_int8
 rng = np.random.default_rng(0)
@@ -196,8 +198,8 @@ for dtype in kernels.dtypes():
         x = rng.standard_normal((n, 256)).astype(np.float32)
         x = to_bf16_bits(x) if dtype == "bfloat16" else x.astype(np_dtype)
         print("CASE", dtype, n, kernels.path(dtype, n, "int8"), flush=True)
-        kernels.run("QLinear", x, q, s, np.zeros((n, 96), np_dtype), dtype=dtype)
-        kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, 48), np_dtype), dtype=dtype)
+        kernels.run(op("Linear", q, s), x, q, s, np.zeros((n, 96), np_dtype), dtype=dtype)
+        kernels.run(op("GateUpSwiglu", q, s), x, q, s, np.zeros((n, 48), np_dtype), dtype=dtype)
 """
 
 

@@ -216,9 +216,10 @@ def test_bench_quant_reports_int8_against_bfloat16_with_the_read_probe_and_paire
     assert r.stdout.count("graph, dynamic shapes") == r.stdout.count("graph, static shapes") == 2
     assert r.stdout.count("conversions against their peak") == 3 * alone // 2  # N=1: both graphs and the library's
     assert r.stdout.count("alone (library)") == alone  # gate_up and down at N=1
-    # per output row only: groups of 128 divide neither H=64 nor I=176
-    assert [(a["outliers"], a["scales"]) for a in data["accuracy"]] == [("rows", "per output row"),
-                                                                       ("columns", "per output row")]
+    # the formats without groups: groups of 128 divide neither H=64 nor I=176
+    assert [(a["outliers"], a["format"], a["scales"]) for a in data["accuracy"]] == [
+        (o, f, s) for o in ("rows", "columns") for f, s in (("int8", "per output row"),
+                                                            ("w8a8", "per output row, int8 activations per token"))]
     assert all(a["max_rel"] >= a["mean_rel"] > 0 and a["frobenius_rel"] > 0 for a in data["accuracy"])
 
 
@@ -287,10 +288,13 @@ def test_bench_quant_accuracy_compares_groups_of_128_where_they_divide():
     from ms_swiglu import quant
     from ms_swiglu.tools.bench_quant import _quantize, accuracy
 
-    rows = {(a["outliers"], a["scales"]): a for a in accuracy(256, 384, tokens=4)}
-    assert set(rows) == {(o, s) for o in ("rows", "columns") for s in ("per output row", "per group of 128")}
+    rows = {(a["outliers"], a["format"]): a for a in accuracy(256, 384, tokens=4)}
+    assert set(rows) == {(o, f) for o in ("rows", "columns") for f in quant.names()}
     # outlier input columns widen every row's range; a group without one keeps its own, finer scale
-    assert rows["columns", "per group of 128"]["frobenius_rel"] < rows["columns", "per output row"]["frobenius_rel"]
+    assert rows["columns", "int8-g128"]["frobenius_rel"] < rows["columns", "int8"]["frobenius_rel"]
+    # int4 (16 levels) loses more than int8 (255) with the same groups; int8 activations add to int8 weights' loss
+    assert rows["rows", "int4-g128"]["frobenius_rel"] > rows["rows", "int8-g128"]["frobenius_rel"]
+    assert rows["rows", "w8a8"]["frobenius_rel"] > rows["rows", "int8"]["frobenius_rel"]
     w = np.array([[127.0] * 128 + [12700.0] * 128])  # two groups 100x apart: scales 1 and 100, each exact
     g128, per_row = quant.get("int8-g128"), quant.get("int8")
     assert np.array_equal(_quantize(w, g128), w) and not np.array_equal(_quantize(w, per_row), w)

@@ -221,9 +221,9 @@ def test_tokens_go_with_sharded_dispatch_only():
 
 def test_dispatch_choices_are_checked():
     with pytest.raises(InputError, match="ep_size: expected a positive divisor of the number of experts 4, got 3"):
-        dispatch_cell(4, 3, 0)
+        dispatch_cell(4, ParallelLayout(ep_size=3))
     with pytest.raises(InputError, match="dispatch: expected one of replicated, sharded, got 'alltoall'"):
-        dispatch_cell(4, 2, 0, "alltoall")
+        dispatch_cell(4, ParallelLayout(ep_size=2), "alltoall")
     with pytest.raises(InputError, match="expected one of them 1"):
         ParallelLayout.of(0, tp_size=2, ep_size=2)
 

@@ -161,15 +161,16 @@ def test_what_it_does_not_know_is_refused_by_name(fp8, tmp_path):
     w = f"{P}experts.0.gate_proj.weight"
     scale = _raw(folder, _header(folder), w + "_scale_inv")
     cases = [
-        ({"quantization_config": {"quant_method": "gptq", "bits": 4}}, None,
-         "expected quantization_config.quant_method fp8 (block-scaled e4m3) or no quantization_config, got 'gptq'"),
+        ({"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}}, None,
+         "expected quantization_config.quant_method fp8 (block-scaled e4m3), compressed-tensors, gptq, awq or no "
+         "quantization_config, got 'bitsandbytes'"),
         ({"quantization_config": {"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}}, None,
          "expected quantization_config.fmt e4m3, got 'e5m2'"),
         ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [64, 64]}}, None,
          f"{w}_scale_inv: expected shape (2, 3) from config.json, got (1, 2)"),
         ({"quantization_config": None}, None, f"{w}: expected float weights, or F8_E4M3 ones with "
                                               f"quantization_config quant_method fp8"),
-        (None, {w: ("float8_e5m2", _raw(folder, _header(folder), w))}, f"{w}: expected dtype F32, F16, BF16, I8 or "
+        (None, {w: ("float8_e5m2", _raw(folder, _header(folder), w))}, f"{w}: expected dtype F32, F16, BF16, I8, U8, I32, I64 or "
                                                                       f"F8_E4M3, got F8_E5M2"),
         (None, {w + "_scale_inv": None}, f"{w}: expected its block scales {w}_scale_inv beside the F8_E4M3 weight"),
         (None, {w + "_scale_inv": ("float32", np.where(np.arange(scale.size).reshape(scale.shape) == 1, np.inf,
@@ -209,7 +210,7 @@ def test_a_dtype_it_does_not_read_and_a_nan_weight_are_refused_by_every_command(
     forms += [["run", "--layer", 1, "--tokens", 2, "--output", out / "y.npy"],
               ["export", "--layer", 1, "--target", "portable", "--output-dir", out / "kit"]]
     cases = [(source, want, [f[0], "--checkpoint", source, *f[1:]]) for source, want in (
-        (e5m2, f"{w}: expected dtype F32, F16, BF16, I8 or F8_E4M3, got F8_E5M2"),
+        (e5m2, f"{w}: expected dtype F32, F16, BF16, I8, U8, I32, I64 or F8_E4M3, got F8_E5M2"),
         (corrupt, f"{w}: expected finite weights, got 2 of {raw.size} NaN or infinite")) for f in forms]
     for (source, want, argv), r in zip(cases, cli_batch([argv for _, _, argv in cases])):
         assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"ms-swiglu: error: {want} (a corrupt "

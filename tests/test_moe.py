@@ -16,7 +16,7 @@ from ms_swiglu.checkpoint.load import load_block
 from ms_swiglu.export import op_types
 from ms_swiglu.export.mindir import op_counts
 from ms_swiglu.routers import SigmoidGroupTopK, SoftmaxTopK
-from conftest import DTYPES, TOL, cli_batch, to_f64, to_tensor
+from conftest import DTYPES, TOL, cli_batch, q_op, to_f64, to_tensor
 from hf_checkpoint import make_checkpoint
 from moe_reference import ref_block, ref_mlp, ref_sigmoid_router, ref_softmax_router, rnd, silu, stored_params
 
@@ -312,10 +312,10 @@ def test_kernels_take_no_rows():
         kernels.run("MoeDownCombine", h, ids, weights, w2, np.zeros((0, hidden), np_dtype), dtype=dtype)
         for group in (None, 128):
             (q1, s1), (q2, s2) = quantize_int8(np.ones(w1.shape), group), quantize_int8(np.ones(w2.shape), group)
-            h = kernels.run("QMoeGateUpSwiglu", x, ids, q1, s1, np.zeros((0, inter), np_dtype), dtype=dtype)
-            kernels.run("QMoeDownCombine", h, ids, weights, q2, s2, np.zeros((0, hidden), np_dtype), dtype=dtype)
-            kernels.run("QGateUpSwiglu", x, q1[0], s1[0], np.zeros((0, inter), np_dtype), dtype=dtype)
-            kernels.run("QLinear", x, q1[0], s1[0], np.zeros((0, 2 * inter), np_dtype), dtype=dtype)
+            h = kernels.run(q_op("MoeGateUpSwiglu", q1, s1), x, ids, q1, s1, np.zeros((0, inter), np_dtype), dtype=dtype)
+            kernels.run(q_op("MoeDownCombine", q2, s2), h, ids, weights, q2, s2, np.zeros((0, hidden), np_dtype), dtype=dtype)
+            kernels.run(q_op("GateUpSwiglu", q1[0], s1[0]), x, q1[0], s1[0], np.zeros((0, inter), np_dtype), dtype=dtype)
+            kernels.run(q_op("Linear", q1[0], s1[0]), x, q1[0], s1[0], np.zeros((0, 2 * inter), np_dtype), dtype=dtype)
         kernels.run("GateUpSwiglu", x, w1[0], np.zeros((0, inter), np_dtype), dtype=dtype)
         kernels.run("Linear", x, w1[0], np.zeros((0, 2 * inter), np_dtype), dtype=dtype)
         kernels.run("RmsNorm", x, np.ones(hidden, np_dtype), np.ones(1, np.float32), np.zeros_like(x), dtype=dtype)

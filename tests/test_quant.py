@@ -15,7 +15,7 @@ from ms_swiglu.moe import PackedMoE
 from ms_swiglu.quant import quantize_state_dict
 from ms_swiglu.quant.int8 import dequantize_int8, quantize_int8
 from ms_swiglu.packing import pack_gate_up, shard_down, shard_packed
-from conftest import DTYPES, ISAS, TOL, assert_close, on_isa, on_path, ref_swiglu, to_f64, to_tensor
+from conftest import DTYPES, ISAS, TOL, assert_close, on_isa, on_path, q_op, ref_swiglu, to_f64, to_tensor
 from hf_checkpoint import make_checkpoint
 from moe_reference import ref_block
 from conftest import cli_batch
@@ -140,8 +140,8 @@ def _check_int8_kernels(dtype, k, m):
     for n in (1, 3, 9, 40, 300):
         x, x64 = _x(n, k, dtype, seed=n)
         z = x64 @ w64.T
-        y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
-        h = kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, m // 2), np_dtype), dtype=dtype)
+        y = kernels.run(q_op("Linear", q, s), x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
+        h = kernels.run(q_op("GateUpSwiglu", q, s), x, q, s, np.zeros((n, m // 2), np_dtype), dtype=dtype)
         path = kernels.path(dtype, n, "int8")
         assert_close(got(y), z, dtype, f"Linear n={n} path={path}")
         assert_close(got(h), ref_swiglu(z), dtype, f"GateUpSwiglu n={n} path={path}")
@@ -150,7 +150,7 @@ def _check_int8_kernels(dtype, k, m):
             bound = _amx_q8_bound(x64, q, s)
             assert (bound * (1 + 2.0**-9) <= atol).all(), (f"n={n}", bound.max())
     with pytest.raises(ValueError, match="status 3"):  # one scale per weight row
-        kernels.run("QLinear", x, q, s[:-1], np.zeros((n, m), np_dtype), dtype=dtype)
+        kernels.run(q_op("Linear", q, s[:-1]), x, q, s[:-1], np.zeros((n, m), np_dtype), dtype=dtype)
 
 
 def _block_exponents(x64):
@@ -210,7 +210,7 @@ def test_int8_one_token_of_16bit_x_over_long_rows_wide_ranges_and_non_finite_x(d
             z = x64 @ w64.T
             read = _x_as_read(x64[0], dot) @ w64.T
         assert np.isfinite(z).all() == (name in ("max everywhere", "few tiny", "many tiny")), name
-        y = kernels.run("QLinear", xa, q, s, np.zeros((1, m), kernels.NP_DTYPES[dtype]), dtype=dtype)
+        y = kernels.run(q_op("Linear", q, s), xa, q, s, np.zeros((1, m), kernels.NP_DTYPES[dtype]), dtype=dtype)
         y = from_bf16_bits(y) if dtype == "bfloat16" else y
         assert_close(y, read[None], dtype, name)
         if dot == "vpmaddwd" and np.isfinite(z).all():
@@ -236,7 +236,7 @@ def test_int8_one_token_kernels_read_x_as_documented(isa):
     s = np.ones(m, np.float32)
     with on_isa(isa):
         dot = kernels.tuning()["int8_one_token_dot"]
-        y = from_bf16_bits(kernels.run("QLinear", to_bf16_bits(x), q, s, np.zeros((1, m), np.uint16),
+        y = from_bf16_bits(kernels.run(q_op("Linear", q, s), to_bf16_bits(x), q, s, np.zeros((1, m), np.uint16),
                                        dtype="bfloat16"))
     assert dot == {"avx512bf16": "vpdpwssd", "avx2": "vpmaddwd"}.get(isa)
     lanes = {"avx512bf16": 16, "avx512": 16, "avx2": 8, "generic": 4}[isa]
@@ -280,7 +280,7 @@ def test_quantized_mlp_is_two_kernel_calls_reading_int8():
     before = kernels.launches()
     mlp(x)
     delta = {op: n - before[op] for op, n in kernels.launches().items() if n != before[op]}
-    assert delta == {"QGateUpSwiglu": 1, "QLinear": 1}
+    assert delta == {"QGateUpSwiglu_int8": 1, "QLinear_int8": 1}
     assert sum(p.dtype == ms.int8 for p in mlp.get_parameters()) == 2
 
 
@@ -454,12 +454,12 @@ def test_converted_files_whose_tensors_or_metadata_are_wrong_are_refused(ckpt, t
         err[name] = r.stderr
     assert "expected finite positive scales, got 1 of 192 that are not" in err["nan.safetensors"]
     assert "got 192 of 192 that are not" in err["zero.safetensors"]
-    assert "expected int8 weights with float32 scales [192] (int8, as the metadata says), got float32" in \
-        err["float.safetensors"]
+    assert ("expected weights int8 [192, 64] with scale float32 [192] (int8, as the metadata says), got float32 "
+            "weights [192, 64] with scale float32 [192]") in err["float.safetensors"]
     assert "expected float weights without scales (the metadata names no quantization), got int8 weights" in \
         err["noquant.safetensors"]
-    assert "expected int8 weights with float32 scales [192]" in err["scales.safetensors"] and \
-        "scales [192, 2]" in err["scales.safetensors"]
+    assert "expected weights int8 [192, 64] with scale float32 [192]" in err["scales.safetensors"] and \
+        "scale float32 [192, 2]" in err["scales.safetensors"]
     for name, _, what in metadata:
         assert "expected the metadata ms-swiglu convert writes" in err[name] or "expected layers 'A-B'" in err[name], \
             err[name]
@@ -485,7 +485,7 @@ def test_a_huggingface_checkpoint_with_int8_weights_is_refused(tmp_path):
         tensors[name], tensors[name + "_scale"] = quantize_int8(tensors[name])
     save_file(tensors, str(hfq / "model.safetensors"))
     expected = ("model.layers.0.mlp.gate_proj.weight: expected float weights (F32, F16, BF16 or F8_E4M3) in a "
-                "HuggingFace checkpoint, got I8")
+                "HuggingFace checkpoint, got int8 (a quantized checkpoint without a quantization_config")
     cases = ((("convert", "--output", tmp_path / "c.safetensors", "--quantize", "int8"), "c.safetensors"),
              (("convert", "--output", tmp_path / "d.safetensors"), "d.safetensors"),
              (("run", "--layer", 0, "--dtype", "float32", "--output", tmp_path / "y.npy"), "y.npy"),
@@ -665,12 +665,14 @@ def test_int8_group_scales_across_the_panel_kernels_chunks(dtype):
             x, x64 = _x(n, k, dtype, seed=n)
             with on_isa("avx2"), kernels.forced_path("panel"):
                 assert kernels.path(dtype, n) == "panel"
-                y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
+                y = kernels.run(q_op("Linear", q, s), x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
             w = dequantize_int8(q, s).astype(np.float64)  # (float32 products)
             assert_close(got(y), x64 @ w.T, dtype, f"QLinear k={k} groups={groups} n={n}")
 
 
 def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
+    import dataclasses  # noqa: PLC0415
+
     from ms_swiglu import quant  # noqa: PLC0415
     from ms_swiglu.layout import ParallelLayout  # noqa: PLC0415
     from ms_swiglu.schema import Split, TensorSpec  # noqa: PLC0415
@@ -684,8 +686,11 @@ def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
 
     def shard_layer(layer, tp_size, rank):
         layout, part = ParallelLayout(tp_size, rank), {}
-        for spec in specs:
-            part.update(layout.shard(spec, layer, g128))
+        for spec in specs:  # the intermediate size each splits: gate_up's rows / 2, down's columns
+            if spec.kind in layer:
+                a = layer[spec.kind]
+                size = a.shape[-2] // 2 if spec.split is Split.ROWS else a.shape[-1]
+                part.update(layout.shard(dataclasses.replace(spec, size=size), layer, g128))
         return part
 
     rng = np.random.default_rng(1)
@@ -723,7 +728,7 @@ def test_quantize_int8_g128_is_per_group_and_shards_with_whole_groups():
     for group in (0, 128.0, True):
         with pytest.raises(ValueError, match=f"expected a group of a positive int number of inputs .*got {group}"):
             quantize_int8(np.ones((4, 256)), group)
-    with pytest.raises(ValueError, match="quant: expected one of int8, int8-g128, got None"):
+    with pytest.raises(ValueError, match="quant: expected one of int8, int8-g128, int4-g128, w8a8, got None"):
         quantize_state_dict({"down_proj.weight": down}, None)
     for bad in ((2, 4), (1, 2), (8, 1), (4, 3), (3,)):  # rows that are not q's, groups that do not divide k
         with pytest.raises(ValueError, match="expected scales") as err:
@@ -746,7 +751,7 @@ def test_int8_group_scales_in_the_skinny_tiles(dtype):
         for n in (2, 3, 5, 6, 7, 8, 13):
             x, x64 = _x(n, k, dtype, seed=n)
             with kernels.forced_path("skinny"):
-                y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
+                y = kernels.run(q_op("Linear", q, s), x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
             assert_close(got(y), x64 @ _g128_weights(w, dtype, n, "skinny").T, dtype,
                          f"QLinear k={k} groups={groups} m={m} n={n}")
 
@@ -778,8 +783,8 @@ def test_int8_g128_kernels_on_every_path_against_numpy(dtype, path):
             exact = dequantize_int8(q, s).astype(np.float64)
             for n in (1, 3, 9, 40, 300):
                 x, x64 = _x(n, k, dtype, seed=n)
-                y = kernels.run("QLinear", x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
-                h = kernels.run("QGateUpSwiglu", x, q, s, np.zeros((n, m // 2), np_dtype), dtype=dtype)
+                y = kernels.run(q_op("Linear", q, s), x, q, s, np.zeros((n, m), np_dtype), dtype=dtype)
+                h = kernels.run(q_op("GateUpSwiglu", q, s), x, q, s, np.zeros((n, m // 2), np_dtype), dtype=dtype)
                 for op, out, rows, ref in (("Linear", y, m, lambda z: z), ("GateUpSwiglu", h, m // 2, ref_swiglu)):
                     wr = _g128_weights(exact, dtype, n, path, rows=rows)
                     z = x64 @ wr.T
@@ -789,7 +794,7 @@ def test_int8_g128_kernels_on_every_path_against_numpy(dtype, path):
                     bound = _amx_sum_bound(x64, _g128_weights(exact, dtype, n, path, rows=m), split=n <= 16)
                     assert (bound * (1 + 2.0**-9) <= TOL[dtype][0]).all(), (f"k={k} n={n}", bound.max())
         with pytest.raises(ValueError, match="status 3"):  # groups that do not divide k
-            kernels.run("QLinear", x, q, s[:, :3], np.zeros((n, m), np_dtype), dtype=dtype)
+            kernels.run(q_op("Linear", q, s[:, :3]), x, q, s[:, :3], np.zeros((n, m), np_dtype), dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -817,7 +822,8 @@ def test_int8_g128_mlp_cpu_and_composite_against_numpy(dtype):
             h = to_f64(to_tensor(ref_swiglu(x64 @ gu.T), dtype)[0])  # the activation, rounded once
             assert_close(y, h @ down.T, dtype, f"{backend} int8-g128 n={n}")
             if backend == "cpu":
-                assert kernels.launches()["QGateUpSwiglu"] == before["QGateUpSwiglu"] + 1
+                op = kernels.op_name("GateUpSwiglu", "int8-g128")
+                assert kernels.launches()[op] == before[op] + 1
 
 
 def test_int8_g128_moe_cpu_and_composite_against_numpy():
@@ -881,8 +887,8 @@ def test_int8_g128_moe_kernels_against_numpy(dtype, path):
             back = np.empty_like(order)
             back[order] = np.arange(order.size)
             counts = np.bincount(ids.ravel(), minlength=experts)  # each expert's GEMM takes the path of its rows
-            h = kernels.run("QMoeGateUpSwiglu", x, ids, q1, s1, np.zeros((tokens * k, inter), np_dtype), dtype=dtype)
-            out = kernels.run("QMoeDownCombine", h, ids, weights, q2, s2, np.zeros((tokens, hidden), np_dtype),
+            h = kernels.run(q_op("MoeGateUpSwiglu", q1, s1), x, ids, q1, s1, np.zeros((tokens * k, inter), np_dtype), dtype=dtype)
+            out = kernels.run(q_op("MoeDownCombine", q2, s2), h, ids, weights, q2, s2, np.zeros((tokens, hidden), np_dtype),
                               dtype=dtype)
             v1, v2 = (np.stack([_g128_weights(w[i], dtype, max(c, 1), path, expert=True, rows=rows)
                                 for i, c in enumerate(counts)])

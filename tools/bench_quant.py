@@ -69,6 +69,7 @@ import numpy as np
 from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import preset as preset_shape, PRESETS
 from ms_swiglu import quant as formats
+from ms_swiglu.quant.base import Activation
 from ms_swiglu.tools.probes import (Ceiling, ProbeError, graph_call, host_probes, machine_line, peaks, read_rates,
                                     read_sum)
 from ms_swiglu.tools.timing import SETTLE_S, HostSpeed, add_settle_option, paired, watched, write_json
@@ -120,8 +121,9 @@ def _int8_weights(mlps):
 
 
 def _host_layers(mlps):
-    """Per MLP of the chain: ``("Q" or "", gate_up, down)``, each projection's host copy (bfloat16 as its bits, as
-    the library takes it) as the list of its op's weight inputs: the weight, and with int8 its scales."""
+    """Per MLP of the chain: ``(its weight format's name or None, gate_up, down)``, each projection's host copy
+    (bfloat16 as its bits, as the library takes it) as the list of its op's weight inputs: the weight, and with
+    int8 its scales."""
     from ms_swiglu.mlp import weights  # noqa: PLC0415
 
     def host(a):
@@ -132,14 +134,14 @@ def _host_layers(mlps):
         w = {name: host(a) for name, a in weights(mlp).items()}
         gate_up, down = ([w[k] for k in (f"{proj}.weight", f"{proj}.weight_scale") if k in w]
                          for proj in ("gate_up_proj", "down_proj"))
-        layers.append(("Q" if mlp.quant else "", gate_up, down))
+        layers.append((mlp.quant, gate_up, down))
     return layers
 
 
 def _library(mlps, repeat=1):
-    """The chain's MLPs, ``repeat`` times over, as direct calls of the cpu backend's C++ ops (``[Q]GateUpSwiglu``
-    + ``[Q]Linear``, the ones its graph launches) on host copies of the same weights, made once, no MindSpore in
-    between: ``call(x)`` with x bfloat16 bits [n, H] returns the last layer's output, bfloat16 bits [n, H]."""
+    """The chain's MLPs, ``repeat`` times over, as direct calls of the cpu backend's C++ ops (``GateUpSwiglu`` +
+    ``Linear`` of the weights' format: kernels.op_name, the ones its graph launches) on host copies of the same
+    weights, made once, no MindSpore in between: ``call(x)`` with x bfloat16 bits [n, H] returns the last layer's output, bfloat16 bits [n, H]."""
     from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
 
     layers = _host_layers(mlps) * repeat
@@ -153,8 +155,8 @@ def _library(mlps, repeat=1):
                           [np.empty((n, mlps[0].hidden_size), np.uint16) for _ in layers])
         act, outs = buffers[n]
         for (q, gate_up, down), out in zip(layers, outs):
-            kernels.run(q + "GateUpSwiglu", x, *gate_up, act, dtype="bfloat16")
-            x = kernels.run(q + "Linear", act, *down, out, dtype="bfloat16")
+            kernels.run(kernels.op_name("GateUpSwiglu", q), x, *gate_up, act, dtype="bfloat16")
+            x = kernels.run(kernels.op_name("Linear", q), act, *down, out, dtype="bfloat16")
         return x
 
     return call
@@ -170,16 +172,16 @@ def _projections(mlps, x):
     layers = _host_layers(mlps)
     act = np.empty((x.shape[0], mlps[0].intermediate_size), np.uint16)
     out = np.empty((x.shape[0], mlps[0].hidden_size), np.uint16)
-    kernels.run(layers[0][0] + "GateUpSwiglu", x, *layers[0][1], act, dtype="bfloat16")
+    kernels.run(kernels.op_name("GateUpSwiglu", layers[0][0]), x, *layers[0][1], act, dtype="bfloat16")
     act_in = act.copy()
 
     def gate_up():
         for q, w, _ in layers:
-            kernels.run(q + "GateUpSwiglu", x, *w, act, dtype="bfloat16")
+            kernels.run(kernels.op_name("GateUpSwiglu", q), x, *w, act, dtype="bfloat16")
 
     def down():
         for q, _, w in layers:
-            kernels.run(q + "Linear", act_in, *w, out, dtype="bfloat16")
+            kernels.run(kernels.op_name("Linear", q), act_in, *w, out, dtype="bfloat16")
 
     return {"gate_up": (gate_up, sum(a.nbytes for _, w, _ in layers for a in w)),
             "down": (down, sum(a.nbytes for _, _, w in layers for a in w))}
@@ -361,15 +363,30 @@ def _paired(p):
 
 
 def _quantize(w, method):
-    """The weights as the format ``method`` stores them, dequantized (float64)."""
-    return method.dequantize(*method.quantize(w)).astype(np.float64)
+    """The weights as the format ``method`` stores them, decoded (float64)."""
+    return method.decode(method.encode(w)).astype(np.float64)
 
 
-def _mlp(x, gate_up, down):
-    z = x @ gate_up.T
+def _tokens(x):
+    """x quantized to int8 per token as the device's DynamicQuant does (s = max|x| / 127), and back."""
+    s = np.abs(x).max(-1, keepdims=True) / 127
+    s = np.where(s > 0, s, 1)
+    return np.clip(np.rint(x / s), -127, 127) * s
+
+
+def _mlp(x, gate_up, down, int8_activations=False):
+    act = _tokens if int8_activations else (lambda a: a)
+    z = act(x) @ gate_up.T
     inter = gate_up.shape[0] // 2
     with np.errstate(over="ignore"):
-        return (z[:, :inter] / (1 + np.exp(-z[:, :inter])) * z[:, inter:]) @ down.T
+        return act(z[:, :inter] / (1 + np.exp(-z[:, :inter])) * z[:, inter:]) @ down.T
+
+
+def _label(method):
+    """A format's row of the accuracy table: its weights' bits and scales, and its activations."""
+    scales = f"per group of {method.group}" if method.group else "per output row"
+    return (f"int4, {scales}" if method.bits == 4 else scales) + (
+        ", int8 activations per token" if method.activation is Activation.DYNAMIC else "")
 
 
 def accuracy(hidden, inter, tokens=16, seed=0):
@@ -389,13 +406,13 @@ def accuracy(hidden, inter, tokens=16, seed=0):
             group = method.group
             if group and (hidden % group or inter % group):
                 continue  # its groups must divide both input sizes (H and I)
-            y = _mlp(x, _quantize(gu, method), _quantize(down, method))
+            y = _mlp(x, _quantize(gu, method), _quantize(down, method), method.activation is Activation.DYNAMIC)
             rel = np.abs(y - ref) / np.abs(ref).max(-1, keepdims=True)
-            r = {"outliers": outliers, "scales": f"per group of {group}" if group else "per output row",
+            r = {"outliers": outliers, "scales": _label(method), "format": method.name,
                  "max_rel": float(rel.max()), "mean_rel": float(rel.mean()),
                  "frobenius_rel": float(np.linalg.norm(y - ref) / np.linalg.norm(ref))}
             out.append(r)
-            print(f"outlier {outliers:7s} scales {r['scales']:18s} max rel {r['max_rel']:.4f}  mean rel "
+            print(f"outlier {outliers:7s} {r['format']:10s} {r['scales']:45s} max rel {r['max_rel']:.4f}  mean rel "
                   f"{r['mean_rel']:.5f}  Frobenius rel {r['frobenius_rel']:.4f}", flush=True)
     return out
 
@@ -416,7 +433,8 @@ def main(argv=None):
                    help="apply the chain this many times per graph call (layers x repeat MLPs per call, as a deeper "
                         "model; each still reads its weights from memory where the chain's others exceed the L3)")
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--quant", choices=formats.names(), nargs="+", default=["int8"], help="the int8 formats against bfloat16")
+    p.add_argument("--quant", choices=[n for n in formats.names() if formats.get(n).kernel], nargs="+",
+                   default=["int8"], help="the formats with cpu kernels (int8) against bfloat16")
     p.add_argument("--shapes", choices=SHAPES, nargs="+", default=list(SHAPES),
                    help="the graphs timed: compiled for any number of tokens (dynamic) and / or per token count (static)")
     add_settle_option(p)

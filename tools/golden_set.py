@@ -120,8 +120,8 @@ def facts():
                     continue
                 with open(os.path.join(out, "manifest.json")) as f:
                     m = json.load(f)
-                found[key] = {k: m[k] for k in ("op_types", "inputs", "outputs", "dtype", "weights", "acceptance",
-                                                "runtime_paths", "checked", "deployable", "name")}
+                found[key] = {k: m.get(k) for k in ("op_types", "inputs", "outputs", "dtype", "weights", "branches",
+                                                    "runtime_paths", "checked", "deployable", "name", "golden")}
         for argv in BAD_INPUT:
             argv = [a.replace("CKPT", ckpt).replace("OUT", tmp) for a in argv]
             status, lines = _cli(argv, tmp)

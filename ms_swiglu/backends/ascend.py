@@ -7,10 +7,9 @@ from mindspore.ops.auto_generate import GroupedMatmulV4, MoeInitRoutingV2, MoeTo
 
 from ms_swiglu.backends.matmul import MatMulLinear, materialised_bytes
 from ms_swiglu.backends.native import AddOp, RMSNormOp
-from ms_swiglu.backends.spec import Backend, ExpertsOp, Facts, SwiGLUOp, check_format
+from ms_swiglu.backends.spec import Backend, Compute, ExpertsOp, Facts, SwiGLUOp, check_format
 from ms_swiglu.errors import InputError
-from ms_swiglu.quant.base import QuantMethod
-from ms_swiglu.quant.int8 import Int8
+from ms_swiglu.quant.base import Activation
 
 # Every op type an ascend-target graph of this package holds; each has an Ascend kernel. Anything else is refused.
 ASCEND_OPS = frozenset({
@@ -38,7 +37,7 @@ def swiglu(x):
 def _check_quant(dtype, quant):
     """int8 weights (per row or per group) or none; WeightQuantBatchMatmul and GroupedMatmulV4's antiquant take
     float16/bfloat16 activations only."""
-    check_format("ascend", quant, QuantMethod, Int8)
+    check_format(BACKEND, quant)
     if quant.quantized and dtype not in (ms.float16, ms.bfloat16):
         raise InputError(f"backend ascend, quant {quant.name}: expected float16 or bfloat16 activations (the "
                          f"weight-quant matmuls take no float32), got {dtype}")
@@ -112,10 +111,10 @@ class GroupedExperts(ExpertsOp):
         """The grouped down projection's output [T k, H] as the unpermute takes it."""
         return y
 
-    def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None):
+    def construct(self, x, ids, weights, w_gate_up, w_down, aux_gate_up=(), aux_down=()):
         rows, row_idx, counts, weights = self.route(x, ids, weights, ops.shape(w_gate_up)[0])
-        a_gate_up = None if s_gate_up is None else [s_gate_up.astype(x.dtype)]  # int8: antiquant scales
-        a_down = None if s_down is None else [s_down.astype(x.dtype)]
+        a_gate_up = [aux_gate_up[0].astype(x.dtype)] if aux_gate_up else None  # int8: antiquant scales
+        a_down = [aux_down[0].astype(x.dtype)] if aux_down else None
         h = self.gmm([rows], [w_gate_up], None, None, None, a_gate_up, None, None, counts, split_item=3,
                      group_type=0, group_list_type=1)[0]  # [T k, 2I]
         h = ops.swiglu(h, -1)  # [T k, I]
@@ -150,6 +149,13 @@ class SinkGroupExperts(GroupedExperts):
         return ops.nan_to_num(y, 0.0, self.largest, -self.largest)
 
 
+def _formats(method):
+    """Weight-only int8 (per row or per group) by WeightQuantBatchMatmul and GroupedMatmulV4's antiquant; the
+    others refused."""
+    weight_only_int8 = (method.bits, method.activation, method.zero_point) == (8, Activation.NONE, False)
+    return Compute.KERNEL if weight_only_int8 else None
+
+
 def _experts(dtype, quant, partial=False):
     return (SinkGroupExperts if partial else GroupedExperts)(dtype, quant)
 
@@ -168,4 +174,5 @@ BACKEND = Backend(
     dynamic_shapes=True,
     facts=Facts(deployable="Ascend through MindSpore's runtime (docs/ascend.md)", graph_ops=frozenset({"Swiglu"}),
                 activation_bytes=materialised_bytes, allowed_ops=ASCEND_OPS, partial_ops=SINK_GROUP_OPS),
+    formats=_formats,
 )

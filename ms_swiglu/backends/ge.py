@@ -35,8 +35,9 @@ from ms_swiglu import routing
 from ms_swiglu.backends.composite import _activation_bytes
 from ms_swiglu.backends.matmul import MatMulLinear
 from ms_swiglu.backends.native import AddOp, RMSNormOp
-from ms_swiglu.backends.spec import Backend, ExpertsOp, Facts, SwiGLUOp
+from ms_swiglu.backends.spec import Backend, Compute, ExpertsOp, Facts, SwiGLUOp
 from ms_swiglu.errors import InputError
+from ms_swiglu.quant.base import Activation
 from ms_swiglu.routers import SigmoidGroupTopK, SoftmaxTopK
 
 # Every op type a graph of this backend holds (each with a GE adapter: tests/test_ge_moe.py reads the wheel's list).
@@ -161,7 +162,7 @@ class RoutedExperts(ExpertsOp):
         self.place, self.count, self.zeros_like = ops.CumSum(exclusive=True), ops.ReduceSum(True), ops.ZerosLike()
         self.zero = Tensor(0, dtype)
 
-    def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None, residual=None):
+    def construct(self, x, ids, weights, w_gate_up, w_down, a_gate_up=(), a_down=(), residual=None):
         tokens, hidden = ops.shape(x)
         experts = ops.shape(w_gate_up)[0]
         ones = self.zeros_like(ids) + 1  # [T, k] int32
@@ -203,4 +204,6 @@ BACKEND = Backend(
                 graph_ops=frozenset(), activation_bytes=_activation_bytes, allowed_ops=GE_OPS, static_moe=True,
                 expert_parallel=False),
     router=_router,
+    # weight-only formats dequantized by the adapters' ops; int8 activations (their rounding) refused
+    formats=lambda method: Compute.GRAPH if method.activation is Activation.NONE else None,
 )

@@ -9,7 +9,9 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
-from ms_swiglu.backends.spec import ExpertsOp
+from ms_swiglu.backends.spec import ExpertsOp, check_format
+from ms_swiglu.errors import InputError
+from ms_swiglu.quant.base import Activation
 
 
 def cpu_upcast(dtype, backend):
@@ -39,17 +41,21 @@ class MatMulLinear(nn.Cell):
 
     def __init__(self, backend, dtype, swiglu, quant, quant_matmul=None):
         super().__init__()
+        check_format(backend, quant)
         self.mm, self.upcast = ops.MatMul(transpose_b=True), cpu_upcast(dtype, backend)
         self.act = backend.swiglu() if swiglu else None
         self.dtype, self.quant_matmul = dtype, quant_matmul if quant.quantized else None
-        self.dequantize = quant.dequantize_op()
+        self.dequantize, self.quantize_x = quant.dequantize_op(), quant.activation_op()
 
-    def construct(self, x, w, scale=None):
+    def construct(self, x, w, *aux):
         if self.quant_matmul is not None:
-            y = self.quant_matmul(x, w, scale)
+            y = self.quant_matmul(x, w, *aux)
+        elif self.quantize_x is not None:  # int8 activations: (x_q - o) q^T, exact integers in float32, rescaled
+            xq, sx = self.quantize_x(x, aux)  # [T, K], [T, 1] (per token) or [1] (per tensor)
+            y = (matmul(self.mm, xq, w.astype(mstype.float32), False) * sx * aux[0]).astype(self.dtype)
         else:
             if self.dequantize is not None:
-                w = self.dequantize(w, scale, mstype.float32 if self.upcast else self.dtype)
+                w = self.dequantize(w, aux, mstype.float32 if self.upcast else self.dtype)
             y = matmul(self.mm, x, w, self.upcast)
         return y if self.act is None else self.act(y)
 
@@ -69,13 +75,18 @@ class DenseExperts(ExpertsOp):
         super().__init__()
         self.bmm, self.upcast = ops.BatchMatMul(transpose_b=True), cpu_upcast(dtype, backend)
         self.act = backend.swiglu()
-        self.dequantize = quant.dequantize_op()
+        self.dequantize, self.quantize_x = quant.dequantize_op(), quant.activation_op()
+        if quant.activation is Activation.STATIC:
+            raise InputError(f"MoE experts: expected weight-only or dynamic int8 activations, got {quant.name} "
+                             f"({quant.activation.value})")
 
-    def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None):
+    def construct(self, x, ids, weights, w_gate_up, w_down, a_gate_up=(), a_down=()):
         dtype, (tokens, hidden), experts = x.dtype, ops.shape(x), ops.shape(w_gate_up)[0]
+        if self.quantize_x is not None:  # W8A8: each expert's rows quantized per token, as GroupedMatmul's are
+            return self._int8(x, ids, weights, w_gate_up, w_down, a_gate_up, a_down)
         if self.dequantize is not None:  # quantized: dequantized (float32 on a CPU device)
             wd = mstype.float32 if self.upcast else dtype
-            w_gate_up, w_down = self.dequantize(w_gate_up, s_gate_up, wd), self.dequantize(w_down, s_down, wd)
+            w_gate_up, w_down = self.dequantize(w_gate_up, a_gate_up, wd), self.dequantize(w_down, a_down, wd)
         if self.upcast:
             x, w_gate_up, w_down = x.astype(mstype.float32), w_gate_up.astype(mstype.float32), w_down.astype(
                 mstype.float32)
@@ -89,6 +100,21 @@ class DenseExperts(ExpertsOp):
         if self.upcast:
             h = h.astype(mstype.float32)
         y = self.bmm(h, w_down).astype(dtype).astype(mstype.float32)  # [E, T, H]
+        return (y * dense.expand_dims(-1)).sum(0).astype(dtype)  # -> [T, H]
+
+    def _int8(self, x, ids, weights, w_gate_up, w_down, a_gate_up, a_down):
+        """The same with int8 activations: x per token, then each expert's SwiGLU output per row, the integer
+        products summed in float32 and scaled per token and per output row."""
+        dtype, (tokens, hidden), experts = x.dtype, ops.shape(x), ops.shape(w_gate_up)[0]
+        f32 = mstype.float32
+        one_hot = (ops.arange(experts, dtype=mstype.int32).reshape(experts, 1, 1) == ids.expand_dims(0)).astype(f32)
+        dense = (one_hot * weights.expand_dims(0)).sum(-1)  # [E, T]
+        xq, sx = self.quantize_x(x, a_gate_up)  # [T, H], [T, 1]
+        xe = ops.broadcast_to(xq.expand_dims(0), (experts, tokens, hidden))  # [E, T, H]
+        g = self.bmm(xe, w_gate_up.astype(f32)) * sx.expand_dims(0) * a_gate_up[0].expand_dims(1)  # [E, T, 2I]
+        h = self.act(g.astype(dtype))  # [E, T, I]
+        hq, sh = self.quantize_x(h, a_down)  # per row of every expert
+        y = (self.bmm(hq, w_down.astype(f32)) * sh * a_down[0].expand_dims(1)).astype(dtype).astype(f32)
         return (y * dense.expand_dims(-1)).sum(0).astype(dtype)  # -> [T, H]
 
 

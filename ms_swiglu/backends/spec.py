@@ -4,12 +4,25 @@ Shape legend: T = tokens (any leading dims), K = d_in, M = d_out, H = hidden_siz
 E = experts, k = experts per token.
 """
 import dataclasses
+import enum
 from typing import Callable, Optional
 
 import numpy as np
 from mindspore import nn
 
 from ms_swiglu.errors import InputError
+
+
+class Compute(enum.Enum):
+    """How a backend computes a weight format (``Backend.formats``)."""
+
+    KERNEL = "its own kernels"
+    GRAPH = "dequantized in the graph (MindSpore ops; W8A8: int8 activations quantized there too)"
+
+
+def in_graph(method):  # noqa: ARG001 -- every format
+    """``Backend.formats`` of a backend that runs every format through its ``dequantize_op``."""
+    return Compute.GRAPH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +73,9 @@ class Backend:
     # (router config, hidden_size, num_experts, top_k, dtype) -> the router Cell of a MoE block in ops its graphs
     # take (same Parameters as the config's own router); None: the config's own (``ms_swiglu.routers``)
     router: Optional[Callable] = None
+    # (quant method) -> Compute: how it computes each quantized format, None where it refuses one (the support
+    # table in docs/quantization.md is this, per backend)
+    formats: Callable = in_graph
 
     def runs_on(self, device_target):
         return self.device in (None, device_target)
@@ -68,12 +84,13 @@ class Backend:
         return f"<backend {self.name}>"
 
 
-def check_format(backend, method, *kinds):
-    """InputError unless the weight format ``method`` is exactly of one of the classes ``kinds`` (those
-    ``backend`` has kernels for)."""
-    if type(method) not in kinds:
-        raise InputError(f"backend {backend}: expected weights in a format it has kernels for, got {method.name}")
-    return method
+def check_format(backend, method):
+    """How ``backend`` (a :class:`Backend`) computes the weight format ``method`` (:class:`Compute`); InputError
+    where it refuses it."""
+    how = backend.formats(method) if method.quantized else Compute.KERNEL
+    if how is None:
+        raise InputError(f"backend {backend.name}: expected weights in a format it computes, got {method.name}")
+    return how
 
 
 class ExpertsOp(nn.Cell):

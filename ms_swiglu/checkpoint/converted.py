@@ -18,8 +18,8 @@ from ms_swiglu import quant as formats
 from ms_swiglu.checkpoint import hf
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder, encode, layout_safetensors
 from ms_swiglu.families import parse_config
-from ms_swiglu.layout import WHOLE, ParallelLayout
-from ms_swiglu.schema import SCALE, Split, layer_tensors, stored_name
+from ms_swiglu.layout import ParallelLayout
+from ms_swiglu.schema import PART_SUFFIXES as _SUFFIXES, SCALE, Split, layer_tensors, stored_name
 
 FORMAT = "ms_swiglu.packed"
 
@@ -68,7 +68,7 @@ def convert(checkpoint, output, *, layers=None, tp_size=1, ep_size=1, dtype=None
         config.check_layer(layer)
     config.check_tp(tp_size, layers, quant)
     config.check_ep(ep_size, layers)
-    method, shards = formats.get(quant), SafetensorsFolder(checkpoint)
+    method, shards = _method(config, layers, quant), SafetensorsFolder(checkpoint)
     dtype = dtype or _stored_dtype(shards, config, layers.start)
     ranks = [ParallelLayout.of(rank, tp_size, ep_size) for rank in range(tp_size * ep_size)]
     entries = [{} for _ in ranks]
@@ -102,12 +102,29 @@ def convert(checkpoint, output, *, layers=None, tp_size=1, ep_size=1, dtype=None
 
 def _stored_dtype(shards, config, layer):
     """The dtype a layer's MLP (or experts) computes in, from the header alone (nothing is read)."""
+    if hf.stored_format(config, layer).quantized:
+        return config.encoding.dtype
     spec = next(t for t in layer_tensors(config, layer) if t.quantized)
     return hf.compute_dtype(config, shards.dtype_name(spec.hf[0].format(e=0)))
 
 
+def _method(config, layers, quant):
+    """The format a conversion writes: a quantized checkpoint's own (every layer of it in one; ``quant`` none), or
+    ``quant`` for a float one."""
+    stored = {hf.stored_format(config, layer).name: layer for layer in layers}
+    if len(stored) > 1:
+        (a, la), (b, lb) = list(stored.items())[:2]
+        raise CheckpointError(f"--layers: expected layers stored in one format, got {a} (layer {la}) and {b} (layer "
+                              f"{lb}); convert them apart")
+    method = formats.get(next(iter(stored)))
+    if method.quantized and quant is not None and formats.get(quant).name != method.name:
+        raise CheckpointError(f"--quantize: expected none for a checkpoint stored in {method.name} "
+                              f"({config.encoding.source}), got {formats.name(quant)}")
+    return method if method.quantized else formats.get(quant)
+
+
 def _entries(spec, layout, method, dtype):
-    """``{stored name: (shape, dtype name)}`` of a tensor (and its scales) in a rank's file."""
+    """``{stored name: (shape, dtype name)}`` of a tensor (and its format's other parts) in a rank's file."""
     shape = list(spec.hf_shape)
     if spec.split is not Split.REPLICATED:  # gate_up [2I/p, H], down [H, I/p]
         block = layout.block(spec.size)
@@ -116,26 +133,17 @@ def _entries(spec, layout, method, dtype):
         shape = [len(layout.experts(spec.experts))] * bool(spec.experts) + shape
     if not (spec.quantized and method.quantized):
         return {spec.stored: (tuple(shape), "float32" if spec.float32 else dtype)}
-    return {spec.stored: (tuple(shape), method.stored),
-            spec.stored + SCALE: (method.scale_shape(shape[:-1], shape[-1]), "float32")}
+    return {spec.stored + part.suffix: (tuple(part.shape(shape[:-2], *shape[-2:])), part.dtype)
+            for part in method.parts}
 
 
 def _pieces(shards, config, layer, method):
-    """(spec, ``{kind: array}`` of one piece, expert index or None) of a whole layer: each replicated tensor, each
-    MLP's gate_up and down (each expert's), quantized where the format quantizes them."""
-    specs = layer_tensors(config, layer)
-    for i, spec in enumerate(specs):
-        if spec.split is Split.REPLICATED:
-            yield spec, {spec.kind: hf.read_float(shards, spec.hf[0], spec.hf_shape, encoding=config.encoding)[0]}, None
-        elif spec.split is Split.ROWS:
-            down = specs[i + 1]
-            for e in range(spec.experts) if spec.experts else [None]:
-                gate_up, w_down, _ = hf.read_mlp(shards, spec, down, WHOLE, config.encoding, e)
-                for t, w in ((spec, gate_up), (down, w_down)):
-                    piece = {t.kind: w}
-                    if method.quantized:
-                        piece[t.kind], piece[t.kind + SCALE] = method.quantize(w)
-                    yield dataclasses.replace(t, experts=0), piece, e  # one expert: split like an MLP
+    """(spec, ``{kind: array}`` of one piece, expert index or None) of a whole layer (``hf.pieces``), each
+    projection encoded in the format where it quantizes them."""
+    for spec, piece, e, _, stored in hf.pieces(shards, config, layer):
+        if method.quantized and spec.quantized and not stored.quantized:
+            piece = {spec.kind + suffix: a for suffix, a in method.encode(piece[spec.kind]).items()}
+        yield dataclasses.replace(spec, experts=0), piece, e  # one expert: split like an MLP
 
 
 class _StreamedFile:
@@ -230,7 +238,7 @@ class ConvertedFile:
                                   f"with {_sizes(stored_tp, stored_ep)}")
         if stored_rank != rank:
             raise CheckpointError(f"{self.path}: expected rank {rank}'s file, got rank {stored_rank}'s")
-        if not self.layers or (self.quant is not None and self.quant not in formats.names()):
+        if not self.layers or (self.quant is not None and not formats.known(self.quant)):
             raise CheckpointError(f"{self.path}: expected layers 'A-B' with A <= B and quant one of "
                                   f"{', '.join(formats.names())} or empty, got layers {meta['layers']!r}, "
                                   f"quant {meta['quant']!r}")
@@ -275,29 +283,42 @@ class ConvertedFile:
         """(``{kind: array}`` of one layer on this rank, the checkpoint's dtype name)."""
         self.check_layer(layer)
         out = {}
+        method = formats.get(self.quant)
         for spec in layer_tensors(self.config, layer):
-            for k, n in ((spec.kind, spec.stored), (spec.kind + SCALE, spec.stored + SCALE)):
-                if n in self._folder.weight_map:
-                    out[k] = self._folder.read(n, self._folder.shape(n))[0]
+            suffixes = [p.suffix for p in method.parts] if spec.quantized and method.quantized else [""]
+            for suffix in suffixes + [s for s in _SUFFIXES if s not in suffixes]:  # (others: refused below)
+                if spec.stored + suffix in self._folder.weight_map:
+                    name = spec.stored + suffix
+                    out[spec.kind + suffix] = self._folder.read(name, self._folder.shape(name))[0]
             if spec.quantized and spec.kind in out:
-                self._check_stored(spec.stored, out[spec.kind], out.get(spec.kind + SCALE))
+                self._check_stored(spec, out, method)
         return out, self.dtype
 
-    def _check_stored(self, name, w, scale):
-        """A projection as the metadata says: int8 with finite positive float32 scales of the format's shape, or
-        float without scales."""
-        what = f"{w.dtype} weights " + ("without scales" if scale is None else f"with {scale.dtype} scales "
-                                                                                 f"{list(scale.shape)}")
+    def _check_stored(self, spec, tensors, method):
+        """A projection as the metadata says: its format's parts in their dtypes and shapes, its scales finite and
+        positive; float weights with nothing beside them."""
+        w = tensors[spec.kind]
+        found = {s: tensors[spec.kind + s] for s in _SUFFIXES if spec.kind + s in tensors}
+        what = f"{w.dtype} weights {list(w.shape)} with " + (", ".join(
+            f"{s[1:]} {a.dtype} {list(a.shape)}" for s, a in found.items()) if found else "nothing beside them")
         if not self.quant:
-            if w.dtype == np.int8 or scale is not None:
-                raise CheckpointError(f"{self.path}: {name}: expected float weights without scales (the metadata "
-                                      f"names no quantization), got {what}")
+            if w.dtype in (np.int8, np.uint8) or found:
+                raise CheckpointError(f"{self.path}: {spec.stored}: expected float weights without scales (the "
+                                      f"metadata names no quantization), got {what}")
             return
-        expected = formats.get(self.quant).scale_shape(w.shape[:-1], w.shape[-1])
-        if w.dtype != np.int8 or scale is None or scale.dtype != np.float32 or scale.shape != expected:
-            raise CheckpointError(f"{self.path}: {name}: expected int8 weights with float32 scales {list(expected)} "
-                                  f"({self.quant}, as the metadata says), got {what}")
+        k = spec.size // self.tp_size if spec.split is Split.COLUMNS else spec.hf_shape[1]  # the rank's inputs
+        lead, m = w.shape[:-2], w.shape[-2]
+        parts = {p.suffix: p for p in method.parts}
+        if set(found) != set(parts) - {""} or any(
+                a.dtype != np.dtype(parts[s].dtype) or a.shape != parts[s].shape(lead, m, k)
+                for s, a in {"": w, **found}.items()):
+            weights, *others = [f"{p.suffix[1:] or 'weights'} {p.dtype} {list(p.shape(lead, m, k))}"
+                                for p in method.parts]
+            expected = f"{weights} with {', '.join(others)}"
+            raise CheckpointError(f"{self.path}: {spec.stored}: expected {expected} ({self.quant}, as the metadata "
+                                  f"says), got {what}")
+        scale = found[SCALE]
         bad = int((~(np.isfinite(scale) & (scale > 0))).sum())
         if bad:
-            raise CheckpointError(f"{self.path}: {name}{SCALE}: expected finite positive scales, got {bad} of "
+            raise CheckpointError(f"{self.path}: {spec.stored}{SCALE}: expected finite positive scales, got {bad} of "
                                   f"{scale.size} that are not")

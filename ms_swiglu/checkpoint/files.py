@@ -16,8 +16,10 @@ from ms_swiglu.checkpoint.fp8 import FP8, decode_e4m3
 from ms_swiglu.errors import CheckpointError
 from ms_swiglu.outputs import OutputSet
 
-_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I8": np.int8, "F8_E4M3": np.uint8}
-_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8", "F8_E4M3": FP8}
+_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I8": np.int8, "F8_E4M3": np.uint8, "U8": np.uint8,
+       "I32": np.int32, "I64": np.int64}
+_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8", "F8_E4M3": FP8, "U8": "uint8",
+                "I32": "int32", "I64": "int64"}
 
 
 class SafetensorsFolder:
@@ -105,7 +107,8 @@ class SafetensorsFolder:
 def _known_dtype(name, meta):
     """The safetensors dtype code of a tensor's header entry, if it is one this package reads."""
     if meta["dtype"] not in _NP:
-        raise CheckpointError(f"{name}: expected dtype F32, F16, BF16, I8 or F8_E4M3, got {meta['dtype']}")
+        raise CheckpointError(f"{name}: expected dtype F32, F16, BF16, I8, U8, I32, I64 or F8_E4M3, got "
+                              f"{meta['dtype']}")
     return meta["dtype"]
 
 

@@ -70,8 +70,9 @@ def encoding(raw, path):
         return None
     method = qc.get("quant_method") if isinstance(qc, dict) else None
     if method != "fp8":
-        raise CheckpointError(f"{path}: expected quantization_config.quant_method fp8 (block-scaled e4m3) or no "
-                              f"quantization_config, got {method!r} (convert the checkpoint to float first)")
+        raise CheckpointError(f"{path}: expected quantization_config.quant_method fp8 (block-scaled e4m3), "
+                              f"compressed-tensors, gptq, awq or no quantization_config, got {method!r} (convert the "
+                              f"checkpoint to float first)")
     fmt, block = qc.get("fmt", "e4m3"), qc.get("weight_block_size")
     if fmt != "e4m3":
         raise CheckpointError(f"{path}: expected quantization_config.fmt e4m3, got {fmt!r}")

@@ -15,7 +15,10 @@ import os
 import numpy as np
 
 from ms_swiglu import paths
+from ms_swiglu import quant as formats
 from ms_swiglu.checkpoint import fp8
+from ms_swiglu.checkpoint.fp8 import BlockFP8
+from ms_swiglu.checkpoint.quantized import Encoding, encoding as quantized_encoding
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
 from ms_swiglu.families import FAMILIES, ModelConfig, MoEConfig, parse_config  # noqa: F401 -- public names
 from ms_swiglu.layout import WHOLE, ParallelLayout
@@ -43,12 +46,14 @@ def read_config_json(folder):
         raise CheckpointError(f"checkpoint: expected {path}, found none") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: expected JSON, got a parse error ({exc})") from None
-    return dataclasses.replace(parse_config(raw, path), encoding=fp8.encoding(raw, path)), raw
+    config = parse_config(raw, path)  # (a config.json that is no object is refused here)
+    return dataclasses.replace(config, encoding=quantized_encoding(raw, path, folder) or fp8.encoding(raw, path)), raw
 
 
 def compute_dtype(config, stored):
     """The dtype weights stored as ``stored`` compute in by default: their own, or for FP8 the config's dtype
-    (bfloat16 where it names none, as DeepSeek's release does)."""
+    (bfloat16 where it names none, as DeepSeek's release does). (A quantized checkpoint's reader gives the config's
+    dtype as its stored one.)"""
     return (config.dtype or "bfloat16") if stored == fp8.FP8 else stored
 
 
@@ -56,12 +61,13 @@ def read_float(shards, name, shape, part=None, encoding=None):
     """A tensor of a HuggingFace checkpoint folder (``shards``: its SafetensorsFolder), the block ``part`` of it,
     as float32 values, and its stored dtype name: F32, F16, BF16, or F8_E4M3 with its block scales (``encoding``:
     the config's :class:`~ms_swiglu.checkpoint.fp8.BlockFP8`; only the scales of the blocks ``part`` touches are
-    read). Int8 tensors there are another tool's quantization, whose scales this package does not read."""
+    read). Integer tensors where float ones belong are another tool's quantization without a description this
+    package reads (``ms_swiglu.checkpoint.quantized`` reads the published ones)."""
     a, dtype = shards.read(name, shape, part)
-    if dtype == "int8":
+    if dtype in ("int8", "uint8", "int32", "int64"):
         raise CheckpointError(f"{name}: expected float weights (F32, F16, BF16 or F8_E4M3) in a HuggingFace "
-                              f"checkpoint, got I8 (a pre-quantized checkpoint; convert --quantize int8 quantizes "
-                              f"the float one)")
+                              f"checkpoint, got {dtype} (a quantized checkpoint without a quantization_config or "
+                              f"quant_model_description.json this package reads)")
     if dtype == fp8.FP8:
         if encoding is None:
             raise CheckpointError(f"{name}: expected float weights, or F8_E4M3 ones with quantization_config "
@@ -79,51 +85,118 @@ def read_float(shards, name, shape, part=None, encoding=None):
     return a, dtype
 
 
+def _pack_parts(gate, up, method, where):
+    """``{suffix: array}`` of packed [gate; up] from gate's and up's parts: the parts with rows stacked, the others
+    (a static activation scale) the same for both, or refused."""
+    out = {}
+    for part in method.parts:
+        g, u = gate[part.suffix], up[part.suffix]
+        if part.rows:
+            out[part.suffix] = np.concatenate([g, u], axis=0)
+        elif not np.array_equal(g, u):
+            raise CheckpointError(f"{where}: expected gate and up with one {part.suffix[1:]} (they share their input "
+                                  f"and one GEMM), got {g.tolist()} and {u.tolist()}")
+        else:
+            out[part.suffix] = g
+    return out
+
+
 def read_mlp(shards, gate_up, down, layout, encoding, e=None):
-    """(gate_up, down, dtype name) of one SwiGLU MLP (expert ``e`` of stacked ones): the rank's part of each."""
+    """(``{suffix: array}`` of gate_up, of down, stored dtype name, weight format) of one SwiGLU MLP (expert ``e``
+    of stacked ones): the rank's part of each; float weights as ``{"": array}`` in the format ``none``, a quantized
+    checkpoint's in its format's parts (``ms_swiglu.checkpoint.quantized``)."""
     names = [name.format(e=e) for name in gate_up.hf + down.hf]
-    (gate, dtype), (up, up_dtype) = (read_float(shards, n, gate_up.hf_shape, layout.hf_part(gate_up), encoding)
-                                     for n in names[:2])
-    w_down, down_dtype = read_float(shards, names[2], down.hf_shape, layout.hf_part(down), encoding)
+    prefixes = [n.removesuffix(".weight") for n in names]
+    parts = (layout.hf_part(gate_up),) * 2 + (layout.hf_part(down),)
+    shapes = (gate_up.hf_shape,) * 2 + (down.hf_shape,)
+    if isinstance(encoding, Encoding):
+        stored = [encoding.stored(p) for p in prefixes]
+        if any(stored):
+            methods = [encoding.method_of(p) if s else None for p, s in zip(prefixes, stored)]
+            if not all(stored) or len({m.name for m in methods}) != 1:
+                got = ", ".join(m.name if m else "float" for m in methods)
+                raise CheckpointError(f"{os.path.commonprefix(prefixes)}: expected gate, up and down in one "
+                                      f"format ({encoding.source}), got {got}")
+            method = methods[0]
+            for shape in shapes:
+                method.check_inputs(shape[1], f"input size of {names[0]}")
+            gate, up, w_down = (encoding.read(shards, p, shape, part)
+                                for p, shape, part in zip(prefixes, shapes, parts))
+            return _pack_parts(gate, up, method, prefixes[0]), w_down, encoding.dtype, method
+        encoding = None  # ignored projections: float
+    (gate, dtype), (up, up_dtype), (w_down, down_dtype) = (
+        read_float(shards, n, shape, part, encoding) for n, shape, part in zip(names, shapes, parts))
     if not dtype == up_dtype == down_dtype:
         prefix = os.path.commonprefix(names)
         prefix = prefix[:prefix.rfind(".") + 1] if e is None else prefix[:prefix.find("experts.")]
         raise CheckpointError(f"{prefix}: expected gate, up and down in one dtype, got {dtype}, {up_dtype}, "
                               f"{down_dtype} ({', '.join(n[len(prefix):] for n in names)})")
-    return pack_gate_up(gate, up), w_down, dtype
+    return {"": pack_gate_up(gate, up)}, {"": w_down}, dtype, formats.NONE
 
 
-def _read_experts(shards, gate_up, down, layout, encoding, layer):
-    """The rank's experts stacked ([E, 2I/p, H], [E, H, I/p]) in the experts' own dtype (not the router's)."""
-    mine = layout.experts(gate_up.experts)
-    for i, e in enumerate(mine):
-        g, d, stored = read_mlp(shards, gate_up, down, layout, encoding, e)
-        if i == 0:
-            dtype = stored
-            w_gate_up, w_down = np.empty((len(mine), *g.shape), g.dtype), np.empty((len(mine), *d.shape), d.dtype)
-        elif stored != dtype:
-            raise CheckpointError(f"layer {layer}: expected every expert in one dtype, got {dtype} for expert "
-                                  f"{mine.start} and {stored} for expert {e} ({gate_up.hf[0].format(e=e)})")
-        w_gate_up[i], w_down[i] = g, d
-    return w_gate_up, w_down, dtype
+def pieces(shards, config, layer, layout=WHOLE):
+    """(spec, ``{kind + suffix: array}``, expert index or None, stored dtype name, weight format) of one layer,
+    piece by piece: each replicated tensor, then each MLP's gate_up and down (each of the rank's experts'), the
+    rank's part of each read as such, gate/up packed. The one path by which the package reads a layer (loading
+    stacks the pieces, ``convert`` writes them)."""
+    specs = layer_tensors(config, layer)
+    for i, spec in enumerate(specs):
+        if spec.split is Split.REPLICATED:
+            encoding = config.encoding if isinstance(config.encoding, BlockFP8) else None
+            a, dtype = read_float(shards, spec.hf[0], spec.hf_shape, encoding=encoding)
+            yield spec, {spec.kind: a}, None, dtype, formats.NONE
+        elif spec.split is Split.ROWS:  # an MLP: its gate_up spec, then its down spec
+            down = specs[i + 1]
+            for e in layout.experts(spec.experts) if spec.experts else [None]:
+                gate_up, w_down, dtype, method = read_mlp(shards, spec, down, layout, config.encoding, e)
+                yield spec, {spec.kind + k: a for k, a in gate_up.items()}, e, dtype, method
+                yield down, {down.kind + k: a for k, a in w_down.items()}, e, dtype, method
+
+
+def stored_format(config, layer):
+    """The weight format a layer's projections are stored in (``none``: float, FP8 included), from the config."""
+    enc = config.encoding
+    if not isinstance(enc, Encoding):
+        return formats.NONE
+    spec = next(t for t in layer_tensors(config, layer) if t.quantized)
+    prefix = spec.hf[0].format(e=0).removesuffix(".weight")
+    return enc.method_of(prefix) if enc.stored(prefix) else formats.NONE
 
 
 def read_layer(shards, config, layer, layout=WHOLE):
     """(``{kind: array}`` of one layer, the rank's part of each tensor read as such, packed and stacked; the dtype
     its MLP or routed experts compute in: their stored dtype, or for FP8 weights the config's dtype (bfloat16 where
     it names none)). ``shards``: the checkpoint's :class:`SafetensorsFolder`."""
+    return read_layer_as_stored(shards, config, layer, layout)[:2]
+
+
+def read_layer_as_stored(shards, config, layer, layout=WHOLE):
+    """:func:`read_layer` and the weight format its projections are stored in (``none`` for float ones; every
+    projection of a layer in one, or it is refused)."""
     config.check_layer(layer)
-    specs, out, dtype = layer_tensors(config, layer), {}, None
-    for i, spec in enumerate(specs):
-        if spec.split is Split.REPLICATED:
-            out[spec.kind] = read_float(shards, spec.hf[0], spec.hf_shape, encoding=config.encoding)[0]
-        elif spec.split is Split.ROWS:  # an MLP: its gate_up spec, then its down spec
-            down = specs[i + 1]
-            read = _read_experts(shards, spec, down, layout, config.encoding, layer) if spec.experts else read_mlp(
-                shards, spec, down, layout, config.encoding)
-            out[spec.kind], out[down.kind], stored = read
+    out, dtype, first, method = {}, None, {}, None
+    for spec, piece, e, stored, fmt in pieces(shards, config, layer, layout):
+        if spec.split is not Split.REPLICATED:
+            if method is not None and fmt.name != method.name:
+                raise CheckpointError(f"layer {layer}: expected every projection in one format, got {method.name} "
+                                      f"and {fmt.name} ({spec.hf[0].format(e=e)})")
+            method = fmt
+        if e is None:
+            out.update(piece)
+            if spec.split is not Split.REPLICATED:
+                dtype = dtype or stored
+            continue
+        mine = layout.experts(spec.experts)
+        if spec.kind not in first:
+            first[spec.kind] = stored
             dtype = dtype or stored
-    return out, compute_dtype(config, dtype)
+            out.update({k: np.empty((len(mine), *a.shape), a.dtype) for k, a in piece.items()})
+        elif stored != first[spec.kind]:
+            raise CheckpointError(f"layer {layer}: expected every expert in one dtype, got {first[spec.kind]} for "
+                                  f"expert {mine.start} and {stored} for expert {e} ({spec.hf[0].format(e=e)})")
+        for k, a in piece.items():
+            out[k][e - mine.start] = a
+    return out, compute_dtype(config, dtype), method
 
 
 def load_dense_layer(folder, layer, config=None, tp_size=1, rank=0):

@@ -14,7 +14,7 @@ from ms_swiglu.initial import empty_weights
 from ms_swiglu.layout import ParallelLayout
 from ms_swiglu.mlp import PackedSwiGLUMLP, load_weights, param_dtype
 from ms_swiglu.moe import PackedMoE
-from ms_swiglu.schema import SCALE, layer_tensors
+from ms_swiglu.schema import PART_SUFFIXES, layer_tensors
 
 
 def _open(checkpoint, layer, moe):
@@ -31,24 +31,26 @@ def _open(checkpoint, layer, moe):
 
 def layer_state(config, layer, tensors, store=lambda w: w):
     """``{Cell parameter name: array}`` of a layer's ``{kind: array}`` (the schema's names); ``store``: how the
-    Cell holds stacked experts (a scale, per output row, is the same in every layout)."""
+    Cell holds stacked experts (a weight's other parts are the same in every layout)."""
     state = {}
     for spec in layer_tensors(config, layer):
         if spec.kind in tensors:
             w = tensors[spec.kind]
             state[spec.param] = store(w) if spec.experts else w
-        if spec.kind + SCALE in tensors:
-            state[spec.param + SCALE] = tensors[spec.kind + SCALE]
+        for suffix in PART_SUFFIXES:  # the format's other parts: the same in every layout
+            if spec.kind + suffix in tensors:
+                state[spec.param + suffix] = tensors[spec.kind + suffix]
     return state
 
 
 def load_mlp(checkpoint, layer, *, dtype=None, backend="auto", tp_size=1, rank=0, quant=None, ep_size=1):
     """The :class:`~ms_swiglu.mlp.PackedSwiGLUMLP` of one dense layer (whole on every expert-parallel rank)."""
     ckpt, config = _open(checkpoint, layer, moe=False)
-    weights, ckpt_dtype, method = ckpt.layer(layer, ParallelLayout.of(rank, tp_size, ep_size), quant)
-    with empty_weights():
+    layout = ParallelLayout.of(rank, tp_size, ep_size)
+    weights, ckpt_dtype, method = ckpt.layer(layer, layout, quant)
+    with empty_weights():  # (whole on an expert-parallel rank: its layout's tensor-parallel part)
         mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype or ckpt_dtype,
-                              backend=backend, tp_size=tp_size, quant=method)
+                              backend=backend, quant=method, layout=ParallelLayout(layout.tp_size, layout.tp_rank))
     return load_weights(mlp, layer_state(config, layer, weights))
 
 
@@ -62,8 +64,7 @@ def load_moe(checkpoint, layer, *, dtype=None, backend="auto", tp_size=1, rank=0
     m = config.moe
     with empty_weights():
         moe = PackedMoE(config.hidden_size, m.intermediate_size, m.num_experts, m.top_k, dtype=dtype or ckpt_dtype,
-                        backend=backend, tp_size=tp_size, quant=method, ep_size=ep_size, ep_rank=layout.ep_rank,
-                        dispatch=dispatch, **m.block_kwargs())
+                        backend=backend, quant=method, layout=layout, dispatch=dispatch, **m.block_kwargs())
     return load_weights(moe, layer_state(config, layer, weights, moe.experts.store))
 
 

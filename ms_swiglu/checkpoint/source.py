@@ -10,7 +10,8 @@ from ms_swiglu.checkpoint import hf
 from ms_swiglu.checkpoint.converted import ConvertedFile
 from ms_swiglu.checkpoint.files import CheckpointError, SafetensorsFolder
 from ms_swiglu.layout import WHOLE, ParallelLayout
-from ms_swiglu.schema import SCALE, layer_tensors
+from ms_swiglu.quant.base import Part
+from ms_swiglu.schema import layer_tensors
 
 
 def _at_load(config, layer, tensors, quant):
@@ -46,13 +47,22 @@ class HFCheckpoint:
         format."""
         for layer in layers:
             self.config.check_layer(layer)
-        self.config.check_tp(tp_size, layers, quant)
+        stored = hf.stored_format(self.config, layers[0])
+        if stored.quantized and quant is not None and formats.get(quant).name != stored.name:
+            raise CheckpointError(f"--quantize: expected none or {stored.name} (the checkpoint's, "
+                                  f"{self.config.encoding.source}), got {formats.name(quant)}")
+        self.config.check_tp(tp_size, layers, stored if stored.quantized else quant)
         self.config.check_ep(ep_size, layers)
 
     def layer(self, layer, layout=WHOLE, quant=None):
         """(``{kind: array}`` of the rank's part of a layer, its dtype name, its weight format): float tensors
         quantized by ``quant`` where asked, each rank's part by itself."""
-        tensors, dtype = hf.read_layer(self.shards, self.config, layer, layout)
+        tensors, dtype, stored = hf.read_layer_as_stored(self.shards, self.config, layer, layout)
+        if stored.quantized:  # a quantized checkpoint computes in its own format
+            if quant is not None and formats.get(quant).name != stored.name:
+                raise CheckpointError(f"quant: expected none or {stored.name} (the checkpoint's, "
+                                      f"{self.config.encoding.source}), got {formats.name(quant)}")
+            return tensors, dtype, stored
         tensors, method = _at_load(self.config, layer, tensors, quant)
         return tensors, dtype, method
 
@@ -107,7 +117,7 @@ class ConvertedCheckpoint:
         parts = [self.layer(layer, ParallelLayout.of(r, ep_size=self.ep_size), quant) for r in range(self.ep_size)]
         tensors, dtype, method = dict(parts[0][0]), parts[0][1], parts[0][2]
         for spec in layer_tensors(self.config, layer):
-            for kind in (spec.kind, spec.kind + SCALE) if spec.experts else ():
+            for kind in [spec.kind + p.suffix for p in method.parts or (Part(""),)] if spec.experts else ():
                 if kind in tensors:
                     tensors[kind] = np.concatenate([p[0][kind] for p in parts])
         return tensors, dtype, method

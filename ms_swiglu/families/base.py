@@ -189,9 +189,9 @@ class ModelConfig:
             check_tp(size, tp_size)
         g = quant_method(quant).group
         if g and any(k % g for k in (self.hidden_size, *(size // tp_size for size in sizes))):
-            raise CheckpointError(f"quant {quant}: expected hidden_size and every intermediate size / tp_size "
-                                  f"multiples of {g}, got hidden_size {self.hidden_size}, intermediate size / "
-                                  f"{tp_size}: {', '.join(str(size // tp_size) for size in sizes)}")
+            raise CheckpointError(f"quant {quant_method(quant).name}: expected hidden_size and every intermediate "
+                                  f"size / tp_size multiples of {g}, got hidden_size {self.hidden_size}, "
+                                  f"intermediate size / {tp_size}: {', '.join(str(size // tp_size) for size in sizes)}")
 
     def check_ep(self, ep_size, layers=None):  # noqa: ARG002 -- dense layers of a MoE model run whole on every rank
         """InputError unless the model has routed experts for ``ep_size`` > 1 expert-parallel ranks, and

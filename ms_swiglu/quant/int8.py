@@ -6,9 +6,8 @@ Shapes:
 """
 import numpy as np
 
-from ms_swiglu import initial
 from ms_swiglu.errors import InputError, InputTypeError
-from ms_swiglu.quant.base import QuantMethod
+from ms_swiglu.quant.base import Part, QuantMethod
 from ms_swiglu.schema import SCALE
 
 
@@ -23,51 +22,34 @@ class Int8(QuantMethod):
     """
 
     quantized = True
-    stored = "int8"
+    bits = 8
 
     def __init__(self, name, group=None):
-        self.name, self.group = name, group
+        # the library's row: per row, or grouped (any group size; the scales' shape gives it)
+        self.name, self.group, self.kernel = name, group, "int8-group" if group else "int8"
+        self.parts = (Part("", "int8", per=1), Part(SCALE, "float32", per=group or 0))
         scales = f"a float32 scale per {group} inputs of each output row" if group else "a float32 scale per output row"
         self.summary = f"int8, {scales} (w = scale * q), activations in the dtype"
 
-    def scale_shape(self, rows, k):
-        if self.group is None:
-            return tuple(rows)
-        self.check_inputs(k)
-        return (*rows, k // self.group)
-
-    def check_inputs(self, k, what="input size"):
-        if self.group and k % self.group:
-            raise InputError(f"quant {self.name}: expected an {what} that is a multiple of {self.group}, got {k}")
-
     def quantize(self, w):
+        """``(q, scale)`` of float weights ``[..., M, K]``."""
         return quantize_int8(w, self.group)
 
     def dequantize(self, q, scale):
+        """The float32 weights ``scale * q``."""
         return dequantize_int8(q, scale)
+
+    def encode(self, w):
+        q, scale = self.quantize(w)
+        return {"": q, SCALE: scale}
+
+    def decode(self, parts):
+        return dequantize_int8(parts[""], parts[SCALE])
 
     def dequantize_op(self):
         from ms_swiglu.quant.graph import dequantize_int8  # noqa: PLC0415 -- MindSpore, on first use only
 
         return dequantize_int8
-
-    def shard_scale(self, scale, weight_inputs, columns):
-        if self.group is None:
-            return scale  # [..., M]: whole rows
-        per = weight_inputs // scale.shape[-1]
-        if columns.start % per or (columns.stop - columns.start) % per:
-            raise InputError(f"quant {self.name}: expected a rank's columns to hold whole groups of {per}, got "
-                             f"columns {columns.start}..{columns.stop - 1}")
-        return scale[..., columns.start // per:columns.stop // per]
-
-    def create_weights(self, cell, name, shape, dtype, stored=None):  # noqa: ARG002 -- int8 in every dtype
-        from mindspore.common import dtype as mstype  # noqa: PLC0415
-
-        stored, scale = stored or shape, self.scale_shape(shape[:-1], shape[-1])
-        setattr(cell, name, initial.parameter(stored, mstype.int8, name, fill=lambda: np.zeros(stored, np.int8),
-                                              requires_grad=False))
-        setattr(cell, name + SCALE, initial.parameter(scale, mstype.float32, name + SCALE, requires_grad=False,
-                                                      fill=lambda: np.ones(scale, np.float32)))
 
 
 INT8 = Int8("int8")

@@ -8,7 +8,8 @@ RMSNorm and residual add are C++ calls too.
 """
 from ms_swiglu.backends.cpu.ops import FusedAdd, FusedLinear, FusedRMSNorm, GroupedExperts, swiglu_op
 from ms_swiglu.backends.cpu import kernels
-from ms_swiglu.backends.spec import Backend, Facts
+from ms_swiglu.backends.matmul import DenseExperts, MatMulLinear
+from ms_swiglu.backends.spec import Backend, Compute, Facts, check_format
 
 
 def _activation_bytes(n, hidden, inter, itemsize):
@@ -16,12 +17,30 @@ def _activation_bytes(n, hidden, inter, itemsize):
     return n * inter * itemsize + n * hidden * itemsize + 4 * n * 2 * min(kernels.tuning()["block_rows"], inter)
 
 
+def _formats(method):
+    """The formats of the library's rows on its kernels; every other one dequantized in the graph (MindSpore's
+    ops beside the kernels: exact, not fast)."""
+    return Compute.KERNEL if method.kernel in kernels.formats() else Compute.GRAPH
+
+
+def _linear(dtype, swiglu, quant):
+    if check_format(BACKEND, quant) is Compute.KERNEL:
+        return FusedLinear(dtype, swiglu, quant)
+    return MatMulLinear(BACKEND, dtype, swiglu, quant)
+
+
+def _experts(dtype, quant, partial=False):  # noqa: ARG001 -- both take ids -1 (another rank's) as no expert
+    if check_format(BACKEND, quant) is Compute.KERNEL:
+        return GroupedExperts(dtype, quant, partial)
+    return DenseExperts(BACKEND, dtype, quant)
+
+
 BACKEND = Backend(
     name="cpu",
     summary="the package's C++ kernels: SwiGLU as the gate/up GEMM's epilogue (skinny GEMM, AMX, oneDNN)",
     swiglu=swiglu_op,
-    linear=FusedLinear,
-    experts=GroupedExperts,
+    linear=_linear,
+    experts=_experts,
     rms_norm=FusedRMSNorm,
     add=FusedAdd,
     device="CPU",
@@ -31,4 +50,5 @@ BACKEND = Backend(
     upcasts_on_cpu=True,
     dynamic_shapes=True,
     facts=Facts(deployable="", graph_ops=frozenset({"Custom"}), activation_bytes=_activation_bytes),
+    formats=_formats,
 )

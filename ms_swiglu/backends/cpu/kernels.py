@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from ms_swiglu import quant as formats
+from ms_swiglu import quant as quant_formats
 
 # The NumPy arrays `run` takes per dtype (bfloat16 as its 16-bit patterns).
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
@@ -42,11 +42,11 @@ def library_path():
 def _lib():
     lib = ctypes.CDLL(library_path())
     for name in ("msw_isa", "msw_isa_name", "msw_onednn", "msw_dtype_name", "msw_path_name", "msw_tuning",
-                 "msw_op_name"):
+                 "msw_op_name", "msw_format_name"):
         getattr(lib, name).restype = ctypes.c_char_p
     lib.msw_set_isa.argtypes = [ctypes.c_char_p]
     lib.msw_onednn.argtypes = [ctypes.c_char_p]
-    lib.msw_path.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+    lib.msw_path.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int, ctypes.c_char_p]
     lib.msw_launches.argtypes = [ctypes.c_char_p]
     lib.msw_launches.restype = ctypes.c_int64
     return lib
@@ -94,6 +94,24 @@ def paths():
 
 
 @functools.cache
+def formats():
+    """The names of the quantized weight formats the library computes (its format rows): a format whose
+    ``kernel`` is one of them runs on the library's ops of that row (:func:`op_name`)."""
+    return _names(_lib().msw_format_name)
+
+
+def op_name(op, quant=None):
+    """The library's op ``op`` (``Linear``, ``GateUpSwiglu``, ``MoeGateUpSwiglu``, ``MoeDownCombine``) for weights
+    in the format ``quant``: its own name for float weights, ``Q{op}_{row}`` for a format row of :func:`formats`."""
+    method = quant_formats.get(quant)
+    if not method.quantized:
+        return op
+    if method.kernel not in formats():
+        raise ValueError(f"op_name: expected a format of the library's rows {formats()}, got {method.name}")
+    return f"Q{op}_{method.kernel.replace('-', '_')}"
+
+
+@functools.cache
 def dtypes():
     """The dtype names the library takes (MindSpore's names)."""
     return _names(_lib().msw_dtype_name)
@@ -119,9 +137,9 @@ def path(dtype, tokens, quant=None, expert=False):
     against x transposed, on AVX2). Per-row int8 has its own ranges; int8 with group-wise scales takes the paths
     of weights in ``dtype`` (dequantized for them where the kernel does not apply the scales itself)."""
     onednn()
-    method = formats.get(quant)
-    per_row_int8 = method.quantized and method.group is None
-    return paths()[_lib().msw_path(_dtype(dtype), int(tokens), bool(expert), per_row_int8)]
+    method = quant_formats.get(quant)
+    row = method.kernel if method.quantized and method.kernel else ""
+    return paths()[_lib().msw_path(_dtype(dtype), int(tokens), bool(expert), row.encode())]
 
 
 @contextlib.contextmanager

@@ -5,9 +5,7 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import CustomRegOp, DataType
 
 from ms_swiglu.backends.cpu import kernels
-from ms_swiglu.backends.spec import ExpertsOp, SwiGLUOp, check_format
-from ms_swiglu.quant.base import QuantMethod
-from ms_swiglu.quant.int8 import Int8
+from ms_swiglu.backends.spec import ExpertsOp, SwiGLUOp
 
 
 F = "float"  # an input in the op's float dtype: float32, float16 or bfloat16, like its output
@@ -55,8 +53,8 @@ class FusedLinear(nn.Cell):
         super().__init__()
         kernels.onednn()  # bind (and check) oneDNN now, not inside the first graph run
         name = "GateUpSwiglu" if swiglu else "Linear"
-        if check_format("cpu", quant, QuantMethod, Int8).quantized:  # the kernels read the scales' shape
-            self.op = aot_op("Q" + name, (F, I8, F32))
+        if quant.quantized:  # the ops of the format's row of the library
+            self.op = aot_op(kernels.op_name(name, quant), (F, I8, F32))
             return
         f32 = mstype.float32
         mm, mm_ta, mm_tb = ops.MatMul(), ops.MatMul(transpose_a=True), ops.MatMul(transpose_b=True)
@@ -72,8 +70,8 @@ class FusedLinear(nn.Cell):
 
         self.op = aot_op(name, (F, F), bprop)
 
-    def construct(self, x, w, scale=None):
-        return self.op(x, w) if scale is None else self.op(x, w, scale)
+    def construct(self, x, w, *aux):
+        return self.op(x, w, *aux)
 
 
 class GroupedExperts(ExpertsOp):
@@ -91,14 +89,12 @@ class GroupedExperts(ExpertsOp):
     def __init__(self, dtype, quant, partial=False):  # noqa: ARG002 -- the kernels skip -1 ids
         super().__init__()
         kernels.onednn()
-        q, w = ("Q", (I8, F32)) if check_format("cpu", quant, QuantMethod, Int8).quantized else ("", (F,))
-        self.gate_up = aot_op(q + "MoeGateUpSwiglu", (F, I32, *w))  # -> [T k, I], grouped rows
-        self.down = aot_op(q + "MoeDownCombine", (F, I32, F32, *w))
+        w = (I8, F32) if quant.quantized else (F,)
+        self.gate_up = aot_op(kernels.op_name("MoeGateUpSwiglu", quant), (F, I32, *w))  # -> [T k, I], grouped rows
+        self.down = aot_op(kernels.op_name("MoeDownCombine", quant), (F, I32, F32, *w))
 
-    def construct(self, x, ids, weights, w_gate_up, w_down, s_gate_up=None, s_down=None):
-        if s_gate_up is None:
-            return self.down(self.gate_up(x, ids, w_gate_up), ids, weights, w_down)
-        return self.down(self.gate_up(x, ids, w_gate_up, s_gate_up), ids, weights, w_down, s_down)
+    def construct(self, x, ids, weights, w_gate_up, w_down, a_gate_up=(), a_down=()):
+        return self.down(self.gate_up(x, ids, w_gate_up, *a_gate_up), ids, weights, w_down, *a_down)
 
 
 class FusedRMSNorm(nn.Cell):

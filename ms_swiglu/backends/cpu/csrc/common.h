@@ -101,10 +101,18 @@ struct SplitX {
 // scale per row, int8 with a scale per group of k / groups inputs.
 enum WeightFormat { kWeightsF32 = kF32, kWeightsF16 = kF16, kWeightsBF16 = kBF16, kWeightsInt8, kWeightsInt8Group,
                     kWeightFormats };
-// The format of weights of dtype d, or int8 with scales [m, groups] (nullptr: not int8)
-inline WeightFormat weight_format(int d, const float *scale, int64_t groups) {
-  return !scale ? WeightFormat(d) : groups > 1 ? kWeightsInt8Group : kWeightsInt8;
-}
+// The quantized weight formats the library computes, one row each (as ggml's type traits), by name: the Python
+// side names a format's row (ms_swiglu.quant: QuantMethod.kernel) and calls the ops of that row's name; no format
+// is guessed from a scale's presence. `grouped`: scales [rows, groups], each for k / groups inputs of its row (a
+// row of one group computes as the per-row format: the same products and scale); else one scale per row.
+enum FormatId { kFormatInt8, kFormatInt8Group, kFormats };
+struct FormatRow {
+  const char *name;
+  int bits;
+  bool grouped;
+  WeightFormat weights;  // its kernels' row in IsaKernels::weights
+};
+extern const FormatRow kFormatRows[kFormats];
 
 // One ISA's linear kernels for one weight format (as ggml's type traits): w [m, k] in that format and
 // y[t * ldy + j] = sum_k x[t, k] w[j, k], j < m, float32 sums. int8 per row: the unscaled sums (the scales are

@@ -196,8 +196,8 @@ const void *placed(const void *x, size_t bytes, const void *w) {
 template <typename Body>
 bool run(const Linear &call, const void *w, int64_t rows, const Body &body) {
   Op op{call.d, call.yd < 0 ? call.d : call.yd, call.x, nullptr, nullptr, nullptr, call.n, call.k,
-        path(call.d, call.n, call.expert, call.scale && call.groups == 1), &isa(), call.scale, call.groups};
-  op.wk = &op.ik->weights[weight_format(op.d, op.scale, op.groups)];
+        path(call.d, call.n, call.expert, call.format == kFormatInt8), &isa(), call.scale, call.groups};
+  op.wk = &op.ik->weights[call.format < 0 ? WeightFormat(op.d) : kFormatRows[call.format].weights];
   if (op.path == kAmx && !amx::takes(op.k, rows)) op.path = kSkinny;
   amx::TileVector<uint16_t> xv;
   if (op.path == kAmx) {

@@ -37,6 +37,7 @@ struct Linear {
   // VDPBF16PS) or into a buffer first.
   const float *scale = nullptr;
   int64_t groups = 1;
+  int format = -1;  // the weights' FormatId (common.h); -1: weights in dtype d
 };
 
 bool linear(const Linear &op, const void *w, int64_t m, void *y);               // y [n, m] = x w^T

@@ -15,6 +15,7 @@
 namespace msw {
 
 const char *const kDtypeNames[kDtypes] = {"float32", "float16", "bfloat16"};
+const FormatRow kFormatRows[kFormats] = {{"int8", 8, false, kWeightsInt8}, {"int8-group", 8, true, kWeightsInt8Group}};
 
 int dtype_index(const char *name) {
   const std::string d(name);

@@ -68,7 +68,7 @@ bool for_experts(const Groups &g, int64_t experts, const Body &body) {
 
 bool moe_gate_up_swiglu(int d, const void *x, const int32_t *ids, int64_t tokens, int64_t k, const void *w,
                         int64_t experts, int64_t hidden, int64_t inter, void *h, const float *scale,
-                        int64_t groups) {
+                        int64_t groups, int format) {
   const int64_t rows = tokens * k;
   Groups g;
   if (!group(ids, rows, experts, &g)) return false;
@@ -82,7 +82,7 @@ bool moe_gate_up_swiglu(int d, const void *x, const int32_t *ids, int64_t tokens
   }, (1 << 16) / std::max<int64_t>(hidden, 1));
   return for_experts(g, experts, [&](int64_t e) {
     const Linear call{d, xs.data() + g.start[e] * hidden * es, g.start[e + 1] - g.start[e], hidden, -1, true,
-                      scale ? scale + e * 2 * inter * groups : nullptr, groups};
+                      scale ? scale + e * 2 * inter * groups : nullptr, groups, format};
     return gate_up_swiglu(call, static_cast<const char *>(w) + e * 2 * inter * hidden * ws, inter,
                           static_cast<char *>(h) + g.start[e] * inter * es);
   });
@@ -90,7 +90,7 @@ bool moe_gate_up_swiglu(int d, const void *x, const int32_t *ids, int64_t tokens
 
 bool moe_down_combine(int d, const void *h, const int32_t *ids, const float *weights, int64_t tokens, int64_t k,
                       const void *w, int64_t experts, int64_t hidden, int64_t inter, void *out,
-                      const float *scale, int64_t groups) {
+                      const float *scale, int64_t groups, int format) {
   const int64_t rows = tokens * k;
   Groups g;
   if (!group(ids, rows, experts, &g)) return false;
@@ -98,7 +98,7 @@ bool moe_down_combine(int d, const void *h, const int32_t *ids, const float *wei
   std::vector<float> y(g.start[experts] * hidden);  // each row's expert output in float32, grouped order: [R, H]
   const bool ok = for_experts(g, experts, [&](int64_t e) {
     const Linear call{d, static_cast<const char *>(h) + g.start[e] * inter * es, g.start[e + 1] - g.start[e], inter,
-                      kF32, true, scale ? scale + e * hidden * groups : nullptr, groups};
+                      kF32, true, scale ? scale + e * hidden * groups : nullptr, groups, format};
     return linear(call, static_cast<const char *>(w) + e * hidden * inter * ws, hidden, y.data() + g.start[e] * hidden);
   });
   if (!ok) return false;

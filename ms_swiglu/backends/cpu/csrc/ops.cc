@@ -8,10 +8,11 @@
 //   MoeDownCombine   h [T k, I], ids [T, k], weights [T, k] float32, w [E, H, I]  ->  y [T, H]
 //                    y[t] = sum_j weights[t, j] * (h[row of (t, j)] w_down,e^T), summed in float32
 //
-//   QLinear, QGateUpSwiglu, QMoeGateUpSwiglu, QMoeDownCombine: the same with weight-only int8, w int8 followed
-//                    by its float32 scales: per row (scale [M]; the Moe ops [E, 2I] and [E, H]), w[row] =
-//                    scale[row] * q[row], widened exactly; or per group of K / G inputs (scale [M, G]; [E, 2I, G],
-//                    [E, H, G]), msw::Linear::scale. (Their own names: MindSpore keeps one registration per aot
+//   Q{op}_{format}: the same four with quantized weights of a format of common.h's kFormatRows, its name's
+//                    '-' as '_' (QLinear_int8, QMoeDownCombine_int8_group): w int8 followed by its float32
+//                    scales: per row (int8: scale [M]; the Moe ops [E, 2I] and [E, H]), w[row] = scale[row] *
+//                    q[row], widened exactly; or per group of K / G inputs (int8-group: scale [M, G]; [E, 2I, G],
+//                    [E, H, G]), msw::Linear::scale. (Each its own name: MindSpore keeps one registration per aot
 //                    op name.)
 //   RmsNorm       x [..., H], w [H], eps [1] float32       ->  y [..., H] = x / sqrt(mean(x^2) + eps) * w
 //   Add           a [...], b [...] (one shape)             ->  y = a + b (the residual connection)
@@ -33,7 +34,9 @@ namespace {
 // Launch counters by op name: what a compiled graph really runs (a diagnostic, read by the tests).
 const char *const kOps[] = {"SwigluFwd",       "SwigluBwd",      "Linear",           "GateUpSwiglu",
                             "MoeGateUpSwiglu", "MoeDownCombine", "RmsNorm",          "Add",
-                            "QLinear",         "QGateUpSwiglu",  "QMoeGateUpSwiglu", "QMoeDownCombine"};
+                            "QLinear_int8",         "QGateUpSwiglu_int8",  "QMoeGateUpSwiglu_int8",
+                            "QMoeDownCombine_int8", "QLinear_int8_group",  "QGateUpSwiglu_int8_group",
+                            "QMoeGateUpSwiglu_int8_group", "QMoeDownCombine_int8_group"};
 constexpr int kNumOps = sizeof kOps / sizeof kOps[0];
 std::atomic<int64_t> g_launches[kNumOps];
 
@@ -70,33 +73,42 @@ bool linear_shapes(int *ndims, int64_t **shapes, int64_t *n, int64_t *k, int64_t
 
 bool is(const char *dtype, const char *name) { return std::string(dtype) == name; }
 
-// Whether the weights at params[w] are int8 with float32 scales after them (nparam: their op's count with scales):
-// 1, 0 (w in the float dtype, nparam - 1 params), or -1 when neither fits.
-int quantized(int nparam, const char **dtypes, int w, int with_scales) {
-  if (nparam == with_scales - 1) return 0;
+// Whether an op of format `fmt` (-1: float) gets what it takes: the weights at params[w] int8 with float32 scales
+// after them (nparam: the op's count with scales) for a format, in the float dtype without them for -1: 1 or 0,
+// or -1 when they do not fit.
+int quantized(int fmt, int nparam, const char **dtypes, int w, int with_scales) {
+  if (fmt < 0) return nparam == with_scales - 1 ? 0 : -1;
   return nparam == with_scales && is(dtypes[w], "int8") && msw::dtype_index(dtypes[w + 1]) == msw::kF32 ? 1 : -1;
 }
 
-// The groups of int8 scales with `lead` leading dimensions (lead_dims), then the weights' rows ([..., rows]: one
-// scale per row; [..., rows, groups]: groups of k / groups inputs), or 0 when they do not fit.
-int64_t scale_groups(int ndim, const int64_t *shape, int lead, const int64_t *lead_dims, int64_t k) {
-  if ((ndim != lead && ndim != lead + 1) || !std::equal(lead_dims, lead_dims + lead, shape)) return 0;
-  const int64_t groups = ndim == lead + 1 ? shape[lead] : 1;
-  return groups >= 1 && k % groups == 0 ? groups : 0;
+// The groups of format `fmt`'s scales with `lead` leading dimensions (lead_dims), then the weights' rows (one scale
+// per row: [..., rows]; grouped: [..., rows, groups], groups dividing k), or 0 when they do not fit (1 for float
+// weights).
+int64_t scale_groups(int fmt, int ndim, const int64_t *shape, int lead, const int64_t *lead_dims, int64_t k) {
+  if (fmt < 0) return 1;
+  const bool grouped = msw::kFormatRows[fmt].grouped;
+  if (ndim != lead + (grouped ? 1 : 0) || !std::equal(lead_dims, lead_dims + lead, shape)) return 0;
+  if (!grouped) return 1;
+  return shape[lead] >= 1 && k % shape[lead] == 0 ? shape[lead] : 0;
+}
+
+// The format a call computes as: a grouped row of one group per row is the per-row format.
+int computed_format(int fmt, int64_t groups) {
+  return fmt >= 0 && msw::kFormatRows[fmt].grouped && groups == 1 ? msw::kFormatInt8 : fmt;
 }
 
 // A linear op's call (x, w, y) or, int8, (x, w, scale, y): 0, or the aot status code. `packed`: w is
 // [gate; up] and y gets the SwiGLU.
 template <typename Body>
-int run_linear(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool packed,
+int run_linear(int fmt, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool packed,
                const Body &body) {
-  const int q = quantized(nparam, dtypes, 1, 4);
+  const int q = quantized(fmt, nparam, dtypes, 1, 4);
   if (q < 0) return 1;
   const int d = msw::dtype_index(dtypes[0]), y = nparam - 1;
   if (d < 0 || !is(dtypes[y], dtypes[0]) || (!q && !is(dtypes[1], dtypes[0]))) return 2;
   int64_t n, k, m;
   if (!linear_shapes(ndims, shapes, &n, &k, &m) || (packed && m % 2)) return 3;
-  const int64_t groups = q ? scale_groups(ndims[2], shapes[2], 1, &m, k) : 1;
+  const int64_t groups = q ? scale_groups(fmt, ndims[2], shapes[2], 1, &m, k) : 1;
   if (groups < 1) return 3;
   const int64_t out = packed ? m / 2 : m;
   if (n * out == 0) return 0;
@@ -107,6 +119,7 @@ int run_linear(int nparam, void **params, int *ndims, int64_t **shapes, const ch
   msw::Linear call{d, params[0], n, k};
   call.scale = q ? static_cast<const float *>(params[2]) : nullptr;
   call.groups = groups;
+  call.format = computed_format(fmt, groups);
   return body(call, params[1], out, params[y]) ? 0 : 4;
 }
 
@@ -131,9 +144,9 @@ const char *msw_isa_name(int i) { return msw::isa_name(i); }
 const char *msw_onednn(const char *path) { return msw::onednn::bind(path); }
 const char *msw_dtype_name(int d) { return d >= 0 && d < msw::kDtypes ? msw::kDtypeNames[d] : nullptr; }
 const char *msw_path_name(int p) { return p >= 0 && p < msw::kPaths ? msw::kPathNames[p] : nullptr; }
-int msw_path(const char *dtype, int64_t n, int expert, int int8_weights) {
+int msw_path(const char *dtype, int64_t n, int expert, const char *format) {  // format: a row's name, "": float
   const int d = msw::dtype_index(dtype);
-  return d < 0 ? -1 : msw::path(d, n, expert != 0, int8_weights != 0);
+  return d < 0 ? -1 : msw::path(d, n, expert != 0, std::string(format) == msw::kFormatRows[msw::kFormatInt8].name);
 }
 int msw_force_path(int p) { return msw::force_path(p); }
 const char *msw_tuning() {  // (built per call: msw_set_isa changes the ISA's entries)
@@ -142,6 +155,7 @@ const char *msw_tuning() {  // (built per call: msw_set_isa changes the ISA's en
   return json.c_str();
 }
 const char *msw_op_name(int i) { return i >= 0 && i < kNumOps ? kOps[i] : nullptr; }
+const char *msw_format_name(int i) { return i >= 0 && i < msw::kFormats ? msw::kFormatRows[i].name : nullptr; }
 int64_t msw_launches(const char *op) {
   const int i = op_index(op);
   return i < 0 ? -1 : g_launches[i].load();
@@ -186,15 +200,15 @@ std::vector<int64_t> SwigluBwdInferShape(int *ndims, int64_t **shapes, AotExtra 
 
 TypeId SwigluBwdInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
 
-static int linear_op(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-  return run_linear(nparam, params, ndims, shapes, dtypes, false, msw::linear);
+static int linear_op(int fmt, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  return run_linear(fmt, nparam, params, ndims, shapes, dtypes, false, msw::linear);
 }
 static std::vector<int64_t> linear_shape(int *ndims, int64_t **shapes) {
   return linear_out_shape(ndims, shapes, false);
 }
 
-static int gate_up_swiglu_op(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-  return run_linear(nparam, params, ndims, shapes, dtypes, true, msw::gate_up_swiglu);
+static int gate_up_swiglu_op(int fmt, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  return run_linear(fmt, nparam, params, ndims, shapes, dtypes, true, msw::gate_up_swiglu);
 }
 static std::vector<int64_t> gate_up_shape(int *ndims, int64_t **shapes) {
   return linear_out_shape(ndims, shapes, true);
@@ -202,12 +216,13 @@ static std::vector<int64_t> gate_up_shape(int *ndims, int64_t **shapes) {
 
 // The experts' ops: 2-D x / h, [T, k] int32 ids, stacked 3-D weights of the float dtype, or int8 with float32
 // scales [E, rows] or [E, rows, groups] (routing weights float32). The scales' groups (1 without int8), or 0.
-static int64_t expert_groups(int q, int *ndims, int64_t **shapes, int w) {
-  return q ? scale_groups(ndims[w + 1], shapes[w + 1], 2, shapes[w], shapes[w][2]) : 1;
+static int64_t expert_groups(int fmt, int *ndims, int64_t **shapes, int w) {
+  return scale_groups(fmt, ndims[w + 1], shapes[w + 1], 2, shapes[w], shapes[w][2]);
 }
 
-static int moe_gate_up_swiglu_op(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-  const int q = quantized(nparam, dtypes, 2, 5);
+static int moe_gate_up_swiglu_op(int fmt, int nparam, void **params, int *ndims, int64_t **shapes,
+                                 const char **dtypes) {
+  const int q = quantized(fmt, nparam, dtypes, 2, 5);
   if (q < 0) return 1;
   const int d = msw::dtype_index(dtypes[0]), out = nparam - 1;
   if (d < 0 || !is(dtypes[1], "int32") || (!q && !is(dtypes[2], dtypes[0])) || !is(dtypes[out], dtypes[0]))
@@ -215,21 +230,22 @@ static int moe_gate_up_swiglu_op(int nparam, void **params, int *ndims, int64_t 
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 3 || shapes[1][0] != shapes[0][0] ||
       shapes[2][2] != shapes[0][1] || shapes[2][1] % 2)
     return 3;
-  const int64_t groups = expert_groups(q, ndims, shapes, 2);
+  const int64_t groups = expert_groups(fmt, ndims, shapes, 2);
   if (!groups) return 3;
   const int64_t tokens = shapes[0][0], k = shapes[1][1], experts = shapes[2][0], inter = shapes[2][1] / 2;
   if (tokens * k * inter == 0) return 0;
   return msw::moe_gate_up_swiglu(d, params[0], static_cast<const int32_t *>(params[1]), tokens, k, params[2],
                                  experts, shapes[0][1], inter, params[out],
-                                 q ? static_cast<const float *>(params[3]) : nullptr, groups) ? 0 : 4;
+                                 q ? static_cast<const float *>(params[3]) : nullptr, groups,
+                                 computed_format(fmt, groups)) ? 0 : 4;
 }
 static std::vector<int64_t> moe_gate_up_shape(int *ndims, int64_t **shapes) {
   const int64_t rows = shapes[1][0] < 0 || shapes[1][1] < 0 ? -1 : shapes[1][0] * shapes[1][1];
   return {rows, shapes[2][1] < 0 ? -1 : shapes[2][1] / 2};
 }
 
-static int moe_down_combine_op(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-  const int q = quantized(nparam, dtypes, 3, 6);
+static int moe_down_combine_op(int fmt, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  const int q = quantized(fmt, nparam, dtypes, 3, 6);
   if (q < 0) return 1;
   const int d = msw::dtype_index(dtypes[0]), out = nparam - 1;
   if (d < 0 || !is(dtypes[1], "int32") || msw::dtype_index(dtypes[2]) != msw::kF32 ||
@@ -238,7 +254,7 @@ static int moe_down_combine_op(int nparam, void **params, int *ndims, int64_t **
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 3 || shapes[2][0] != shapes[1][0] ||
       shapes[2][1] != shapes[1][1] || shapes[0][0] != shapes[1][0] * shapes[1][1] || shapes[3][2] != shapes[0][1])
     return 3;
-  const int64_t groups = expert_groups(q, ndims, shapes, 3);
+  const int64_t groups = expert_groups(fmt, ndims, shapes, 3);
   if (!groups) return 3;
   const int64_t tokens = shapes[1][0], k = shapes[1][1], hidden = shapes[3][1];
   if (tokens * hidden == 0) return 0;
@@ -249,7 +265,7 @@ static int moe_down_combine_op(int nparam, void **params, int *ndims, int64_t **
   return msw::moe_down_combine(d, params[0], static_cast<const int32_t *>(params[1]),
                                static_cast<const float *>(params[2]), tokens, k, params[3], shapes[3][0], hidden,
                                shapes[0][1], params[out], q ? static_cast<const float *>(params[4]) : nullptr,
-                               groups) ? 0 : 4;
+                               groups, computed_format(fmt, groups)) ? 0 : 4;
 }
 static std::vector<int64_t> moe_down_shape(int *, int64_t **shapes) {
   return {shapes[1][0], shapes[3][1]};
@@ -309,24 +325,27 @@ TypeId AddInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[
 // ---- the GEMM ops, float and weight-only int8 (each its own name: MindSpore keeps one registration per aot op)
 extern "C" {
 
-#define MSW_GEMM_OP(name, impl, infer)                                                                         \
+#define MSW_GEMM_OP(name, impl, infer, fmt)                                                                    \
   int name(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {     \
     ++g_launches[op_index(#name)];                                                                             \
-    return impl(nparam, params, ndims, shapes, dtypes);                                                       \
+    return impl(fmt, nparam, params, ndims, shapes, dtypes);                                                  \
   }                                                                                                            \
   std::vector<int64_t> name##InferShape(int *ndims, int64_t **shapes, AotExtra *e) {                           \
     return infer(ndims, shapes);                                                                               \
   }                                                                                                            \
   TypeId name##InferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
 
-MSW_GEMM_OP(Linear, linear_op, linear_shape)
-MSW_GEMM_OP(QLinear, linear_op, linear_shape)
-MSW_GEMM_OP(GateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
-MSW_GEMM_OP(QGateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
-MSW_GEMM_OP(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
-MSW_GEMM_OP(QMoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
-MSW_GEMM_OP(MoeDownCombine, moe_down_combine_op, moe_down_shape)
-MSW_GEMM_OP(QMoeDownCombine, moe_down_combine_op, moe_down_shape)
+// each op for float weights (-1) and for every format of kFormatRows, named after it
+#define MSW_GEMM_OPS(name, impl, infer)                                                                        \
+  MSW_GEMM_OP(name, impl, infer, -1)                                                                           \
+  MSW_GEMM_OP(Q##name##_int8, impl, infer, msw::kFormatInt8)                                                  \
+  MSW_GEMM_OP(Q##name##_int8_group, impl, infer, msw::kFormatInt8Group)
+
+MSW_GEMM_OPS(Linear, linear_op, linear_shape)
+MSW_GEMM_OPS(GateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
+MSW_GEMM_OPS(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
+MSW_GEMM_OPS(MoeDownCombine, moe_down_combine_op, moe_down_shape)
+#undef MSW_GEMM_OPS
 #undef MSW_GEMM_OP
 
 }  // extern "C"

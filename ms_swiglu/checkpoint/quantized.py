@@ -246,12 +246,16 @@ class GPTQ(Encoding):
     def _zeros(self, z):
         return z + 1 if self.v1 else z  # v1 stores z - 1 (a zero of 0 wraps to 15 and reads as 16: refused)
 
-    def read(self, shards, prefix, shape, part=None):
+    def _block(self, prefix, shape, part):
+        """(n, k, the rows r0..r1 and inputs c0..c1 of the rank's block, the slice of the scales' groups)."""
         n, k = shape
-        g = self.group
         (r0, r1), (c0, c1) = _span(part, n, 0), _span(part, k, 1)
+        return n, k, (r0, r1), (c0, c1), _whole("inputs", c0, c1, self.group, f"{prefix}.scales", "groups")
+
+    def read(self, shards, prefix, shape, part=None):
+        n, k, (r0, r1), (c0, c1), groups = self._block(prefix, shape, part)
+        g = self.group
         krows = _whole("inputs", c0, c1, 8, f"{prefix}.qweight", "32-bit words")
-        groups = _whole("inputs", c0, c1, g, f"{prefix}.scales", "groups")
         cols = slice(r0, r1)
         gidx = f"{prefix}.g_idx"
         if gidx in shards.weight_map:
@@ -294,11 +298,9 @@ class AWQ(GPTQ):
         self.skip = list(qc.get("modules_to_not_convert") or [])
 
     def read(self, shards, prefix, shape, part=None):
-        n, k = shape
+        n, k, (r0, r1), (c0, c1), groups = self._block(prefix, shape, part)
         g = self.group
-        (r0, r1), (c0, c1) = _span(part, n, 0), _span(part, k, 1)
         words = _whole("rows", r0, r1, 8, f"{prefix}.qweight", "32-bit words")
-        groups = _whole("inputs", c0, c1, g, f"{prefix}.scales", "groups")
         order = np.argsort(AWQ_ORDER)  # column j of a word's eight: nibble order.index(j)
 
         def columns(words_):  # [rows, W] -> [rows, 8 W] in column order

@@ -47,21 +47,25 @@ class HFCheckpoint:
         format."""
         for layer in layers:
             self.config.check_layer(layer)
-        stored = hf.stored_format(self.config, layers[0])
+        stored = self._stored(layers[0], quant)
+        self.config.check_tp(tp_size, layers, stored if stored.quantized else quant)
+        self.config.check_ep(ep_size, layers)
+
+    def _stored(self, layer, quant):
+        """The format the checkpoint stores ``layer``'s projections in (``none``: float); InputError where ``quant``
+        asks for another."""
+        stored = hf.stored_format(self.config, layer)
         if stored.quantized and quant is not None and formats.get(quant).name != stored.name:
             raise CheckpointError(f"--quantize: expected none or {stored.name} (the checkpoint's, "
                                   f"{self.config.encoding.source}), got {formats.name(quant)}")
-        self.config.check_tp(tp_size, layers, stored if stored.quantized else quant)
-        self.config.check_ep(ep_size, layers)
+        return stored
 
     def layer(self, layer, layout=WHOLE, quant=None):
         """(``{kind: array}`` of the rank's part of a layer, its dtype name, its weight format): float tensors
         quantized by ``quant`` where asked, each rank's part by itself."""
+        self._stored(layer, quant)
         tensors, dtype, stored = hf.read_layer_as_stored(self.shards, self.config, layer, layout)
         if stored.quantized:  # a quantized checkpoint computes in its own format
-            if quant is not None and formats.get(quant).name != stored.name:
-                raise CheckpointError(f"quant: expected none or {stored.name} (the checkpoint's, "
-                                      f"{self.config.encoding.source}), got {formats.name(quant)}")
             return tensors, dtype, stored
         tensors, method = _at_load(self.config, layer, tensors, quant)
         return tensors, dtype, method

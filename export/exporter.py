@@ -29,7 +29,6 @@ from ms_swiglu.backends import ascend_support, chips
 from ms_swiglu.checkpoint import read_config
 from ms_swiglu.config import preset as preset_shape
 from ms_swiglu import quant as formats
-from ms_swiglu.quant.base import Activation
 from ms_swiglu import processes, signals
 from ms_swiglu.outputs import FolderSet
 from ms_swiglu.processes import python
@@ -218,7 +217,7 @@ def settle_request(req, net, chip):
     quant = sorted({c.quant for _, c in net.cells_and_names() if getattr(c, "quant", None)})
     req.quant = quant[0] if quant else None  # a quantized converted file: int8 without --quantize
     method = formats.get(req.quant)
-    if method.quantized and (method.bits, method.activation, method.zero_point) != (8, Activation.NONE, False):
+    if method.quantized and not method.weight_only_int8:
         raise ExportError(f"export: expected float or weight-only int8 weights (int8, int8-gG), got {method.name} "
                           f"(its kits are not exported yet: docs/quantization.md)")
     if req.target != "cpu":

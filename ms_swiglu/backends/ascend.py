@@ -9,7 +9,6 @@ from ms_swiglu.backends.matmul import MatMulLinear, materialised_bytes
 from ms_swiglu.backends.native import AddOp, RMSNormOp
 from ms_swiglu.backends.spec import Backend, Compute, ExpertsOp, Facts, SwiGLUOp, check_format
 from ms_swiglu.errors import InputError
-from ms_swiglu.quant.base import Activation
 
 # Every op type an ascend-target graph of this package holds; each has an Ascend kernel. Anything else is refused.
 ASCEND_OPS = frozenset({
@@ -152,8 +151,7 @@ class SinkGroupExperts(GroupedExperts):
 def _formats(method):
     """Weight-only int8 (per row or per group) by WeightQuantBatchMatmul and GroupedMatmulV4's antiquant; the
     others refused."""
-    weight_only_int8 = (method.bits, method.activation, method.zero_point) == (8, Activation.NONE, False)
-    return Compute.KERNEL if weight_only_int8 else None
+    return Compute.KERNEL if method.weight_only_int8 else None
 
 
 def _experts(dtype, quant, partial=False):

@@ -73,9 +73,10 @@ class QuantMethod:
         return self.parts[0].dtype if self.parts else None
 
     @property
-    def aux(self):
-        """The parts beside the weight, in the order the ops take them."""
-        return self.parts[1:]
+    def weight_only_int8(self):
+        """int8 weights with a scale per row or group, no zero point, activations in the dtype (what Ascend's
+        weight-quant matmuls and the exported kits take)."""
+        return (self.bits, self.activation, self.zero_point) == (8, Activation.NONE, False)
 
     def part_shapes(self, shape):
         """``{suffix: shape}`` of every part of weights ``shape`` ``[..., M, K]`` (checked: K takes the format)."""

@@ -16,9 +16,11 @@ def golden_files(req, work, net, cases, twin, feed):
     """The golden cases into ``work``/golden, the twin checked against them; returns (the manifest's golden
     entries, the twin's results, the manifest's outputs (name, acceptance, branches with their floors), the facts
     for the MindIR)."""
+    peak = max((c.peak for c in cases), default=0.0)  # int8 activations: their inputs' largest peak ratio
+    chains = [dict(c, peak=peak) if c.get("quantizers") else c for c in output_chains(net)]
     outputs = [{"name": n, "chain": c, "acceptance": acceptance(req.dtype, **c),
                 "branches": [{"name": b, "floor": [], "rms_fraction": []} for b in parts]}
-               for (n, parts), c in zip(output_names(net, req.layers), output_chains(net))]
+               for (n, parts), c in zip(output_names(net, req.layers), chains)]
     golden, results = _write_golden(req, work, cases, twin, outputs, feed)
     facts = kit_facts(req.dtype, outputs, golden)
     return golden, results, [{k: o[k] for k in ("name", "acceptance", "branches")} for o in outputs], facts

@@ -66,7 +66,7 @@ class ExportRequest:
     force: bool = False
     air: bool = False  # AIR instead of MindIR (Ascend hosts only; deprecated in MindSpore 2.10)
     chip: str = chips.DEFAULT.key  # the Ascend chip family the kit is for (ms_swiglu.backends.chips)
-    quant: str = None  # "int8" / "int8-g128": weight-only int8 projections (a quantized file is without it)
+    quant: str = None  # a weight format to quantize a float checkpoint to (``ms_swiglu.quant``; a quantized one has its own)
 
     def name(self, model):
         what = f"ffn{self.layers[0]}-{self.layers[1]}" if self.stack else f"mlp{self.layers[0]}"
@@ -143,22 +143,19 @@ def golden_net(req, net):
     import mindspore as ms  # noqa: PLC0415
 
     from ms_swiglu.initial import empty_weights  # noqa: PLC0415
+    from ms_swiglu.mlp import held_forms  # noqa: PLC0415
 
     with empty_weights():  # every weight is set from net's below
         gold = _build(dataclasses.replace(req, dtype="float32"), "composite")[0]
-    stored = dict(net.parameters_and_names())
-    from ms_swiglu.moe import StackedExperts  # noqa: PLC0415
-
-    # stacked experts go back to [E, out, in] from the layout their backend holds them in
-    unstore = {f"{prefix}.{name}": cell.unstore for prefix, cell in net.cells_and_names()
-               if isinstance(cell, StackedExperts) for name in ("gate_up_proj", "down_proj")}
+    stored, forms = dict(net.parameters_and_names()), held_forms(net)
     for name, p in gold.parameters_and_names():
         if name not in stored:
             raise VerificationError(f"export: expected parameter {name} in the exported network, got none")
         w = stored[name]
-        a = w.asnumpy() if w.dtype == ms.int8 else w.astype(ms.float32).asnumpy()
-        if name in unstore:
-            a = unstore[name](a)
+        # stored formats' containers as they are (int8, packed int4 bytes), float weights widened
+        a = w.asnumpy() if w.dtype in (ms.int8, ms.uint8, ms.qint4x2) else w.astype(ms.float32).asnumpy()
+        if name in forms:  # back to the format's own storage from the form its op holds it in
+            a = forms[name].unstore(a)
         if a.shape != tuple(p.shape):
             raise VerificationError(f"export: expected {name} of shape {tuple(p.shape)}, got {a.shape}")
         p.set_data(ms.Tensor(a, dtype=p.dtype))
@@ -216,10 +213,6 @@ def settle_request(req, net, chip):
     req.dtype = str(param_dtype(net)).lower()  # None above: the checkpoint's dtype
     quant = sorted({c.quant for _, c in net.cells_and_names() if getattr(c, "quant", None)})
     req.quant = quant[0] if quant else None  # a quantized converted file: int8 without --quantize
-    method = formats.get(req.quant)
-    if method.quantized and not method.weight_only_int8:
-        raise ExportError(f"export: expected float or weight-only int8 weights (int8, int8-gG), got {method.name} "
-                          f"(its kits are not exported yet: docs/quantization.md)")
     if req.target != "cpu":
         try:
             chips.check_dtype(req.dtype, chip)

@@ -36,6 +36,7 @@ class Case:
     branches: list
     excluded: list
     unreached: dict
+    peak: float = 0.0  # the int8 activation quantizers' largest 127 s mean|x| / mean(x^2) (W8A8; else 0)
 
 
 def raw(tensor, dtype):
@@ -72,8 +73,51 @@ def golden_cases(req, hidden, gold, twin):
         x_values, _ = raw(xd, req.dtype)
         outputs, branches = _outputs(gold, ms.Tensor(x_values))
         cases.append(Case(x_values, outputs, branches, _ambiguous(gold, twin, ms.Tensor(x_values), xd, req.dtype),
-                          unreached))
+                          unreached, quantizer_peak(gold, x_values)))
     return cases
+
+
+def quantizer_peak(gold, x):
+    """The largest ``127 s mean|v| / mean(v^2)`` over the rows v of every int8 activation quantizer's input (s the
+    row's quantization step) when the float32 network ``gold`` runs on ``x``: the data's part of the acceptance's
+    bound on rounding flips (``verify_on_device.acceptance``); 0 for a network without such quantizers. The
+    inputs are read by running ``gold`` once in PyNative mode with the quantizers observed."""
+    import mindspore as ms  # noqa: PLC0415
+    from ms_swiglu import quant as formats  # noqa: PLC0415
+    from ms_swiglu.quant import graph  # noqa: PLC0415
+
+    if not any(formats.get(getattr(c, "quant", None)).quantizes_activations for _, c in gold.cells_and_names()):
+        return 0.0
+    peaks, tokens, static = [0.0], graph.quantize_tokens, graph.quantize_static
+
+    def observe(v, step):
+        a = np.abs(v.astype(ms.float32).asnumpy().astype(np.float64))
+        a = a.reshape(-1, a.shape[-1])
+        s = np.broadcast_to(np.asarray(step, np.float64).reshape(-1, 1), (a.shape[0], 1))
+        mean_sq = np.mean(a * a, -1, keepdims=True)
+        live = mean_sq[:, 0] > 0
+        if live.any():
+            peaks.append(float(np.max((127 * s * np.mean(a, -1, keepdims=True) / np.where(live[:, None], mean_sq,
+                                                                                               1))[live])))
+
+    def observe_tokens(v):
+        q, s = tokens(v)
+        observe(v, s.asnumpy())
+        return q, s
+
+    def observe_static(v, scale, offset):
+        observe(v, scale.asnumpy())
+        return static(v, scale, offset)
+
+    mode = ms.get_context("mode")
+    graph.quantize_tokens, graph.quantize_static = observe_tokens, observe_static
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        gold(ms.Tensor(x))
+    finally:
+        ms.set_context(mode=mode)
+        graph.quantize_tokens, graph.quantize_static = tokens, static
+    return max(peaks)
 
 
 def _outputs(gold, x):
@@ -199,7 +243,7 @@ def save_cases(path, cases):
         arrays[f"x{i}"] = c.x
         for j, (y, parts) in enumerate(zip(c.outputs, c.branches)):
             arrays[f"y{i}_{j}"], arrays[f"b{i}_{j}"] = y, np.stack(parts)
-        layout.append({"outputs": len(c.outputs), "excluded": c.excluded,
+        layout.append({"outputs": len(c.outputs), "excluded": c.excluded, "peak": c.peak,
                        "unreached": {str(k): v for k, v in c.unreached.items()}})
     np.savez(path, layout=np.array(json.dumps(layout)), **arrays)
 
@@ -210,4 +254,4 @@ def load_cases(path):
         layout = json.loads(str(f["layout"]))
         return [Case(f[f"x{i}"], [f[f"y{i}_{j}"] for j in range(c["outputs"])],
                      [list(f[f"b{i}_{j}"]) for j in range(c["outputs"])], c["excluded"],
-                     {int(k): v for k, v in c["unreached"].items()}) for i, c in enumerate(layout)]
+                     {int(k): v for k, v in c["unreached"].items()}, c["peak"]) for i, c in enumerate(layout)]

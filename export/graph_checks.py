@@ -1,14 +1,14 @@
 """The checks of an exported graph, before its kit is put in place: ``check_graph`` is the one entry point.
 
 The MindIR is straight-line, holds the ops that mark its backend and none of another's (only the backend's
-allowed ops where it lists them), holds int8 weights as int8 where the network has them (multiplied by the
-weight-quant matmuls on ``ascend``), and its ops are those the target's documents and the installed wheel give
+allowed ops where it lists them), holds quantized weights in their containers where the network has them
+(multiplied by the quantized matmuls on ``ascend``), and its ops are those the target's documents and the installed wheel give
 for the chip: the support table for ``ascend``, a GE adapter for every op of a ``ge`` graph.
 """
 from ms_swiglu import backends
 from ms_swiglu.backends import ascend_support
 from ms_swiglu.export.errors import ExportError, VerificationError
-from ms_swiglu.export.mindir import int8_parameters, op_types
+from ms_swiglu.export.mindir import op_types, quantized_parameters
 
 
 def check_graph(path, net, target, backend_name, chip, dtype, allowed=frozenset()):
@@ -17,7 +17,7 @@ def check_graph(path, net, target, backend_name, chip, dtype, allowed=frozenset(
     VerificationError for a graph the package should not have made."""
     found = op_types(path)
     _check_ops(found, target, backend_name, allowed)
-    _check_int8(net, path, found, target)
+    _check_quantized(net, path, found, target)
     if target == "ascend":
         why = ascend_support.refusal(found, chip.key, dtype)
         if why:
@@ -61,23 +61,23 @@ def _check_ops(found, target, backend_name, extra=frozenset()):
         raise ExportError(f"{where}: expected only ops of {sorted(allowed)}, got {extra}")
 
 
-# what carries int8 weights in an ascend graph: the dense projections, the grouped experts
-QUANT_OPS = ("WeightQuantBatchMatmul", "GroupedMatmulV4")
+# what takes quantized weights in an ascend graph: the dense projections, the grouped experts
+QUANT_OPS = ("WeightQuantBatchMatmul", "QuantBatchMatmul", "GroupedMatmulV4")
 
 
-def _check_int8(net, mindir, found, target):
-    """A quantized network's MindIR holds its int8 weights as int8 (not dequantized at export), and its ascend
-    graph multiplies them with the weight-quant matmuls."""
+def _check_quantized(net, mindir, found, target):
+    """A quantized network's MindIR holds its weights in their format's containers (int8, int4; not dequantized at
+    export), and its ascend graph multiplies them with the quantized matmuls."""
     import mindspore as ms  # noqa: PLC0415
 
-    want = {name: list(p.shape) for name, p in net.parameters_and_names() if p.dtype == ms.int8}
-    got = int8_parameters(mindir)
-    if sorted(want.values()) != sorted(got.values()):
-        raise VerificationError(f"export: expected int8 weights of shapes {sorted(want.values())} in the MindIR, "
-                                f"got {sorted(got.values())}")
+    kinds = (ms.int8, ms.uint8, ms.qint4x2)
+    want = sorted((str(p.dtype), list(p.shape)) for _, p in net.parameters_and_names() if p.dtype in kinds)
+    got = sorted(quantized_parameters(mindir).values())
+    if [(t, d) for t, d in want] != [(t, d) for t, d in got]:
+        raise VerificationError(f"export: expected quantized weights {want} in the MindIR, got {got}")
     if want and target == "ascend" and not set(QUANT_OPS) & set(found):
-        raise VerificationError(f"export --target ascend: expected {' or '.join(QUANT_OPS)} for the int8 weights, "
-                                f"got op types {found}")
+        raise VerificationError(f"export --target ascend: expected {' or '.join(QUANT_OPS)} for the quantized "
+                                f"weights, got op types {found}")
 
 
 def _check_ge(found, chip):

@@ -20,6 +20,8 @@ the ``portable`` export, unless MS_SWIGLU_UNPROVEN=1.
 import os
 import shlex
 
+from ms_swiglu import quant as formats
+
 # Gear levels (batch, seq) for a dynamic [batch, seq, H] input: Ascend offline models compile one graph per
 # gear (at most 100, each value 1..2048). Decode (seq 1) and prefill lengths, and every golden case's shape (added
 # by converter_config: a converted model must take the kit's own inputs); edit ge.dynamicDims in
@@ -124,7 +126,7 @@ def _source_args(req):
     elif req.checkpoint:
         args += ["--layer", str(req.layers[0])]
     args += ["--dtype", req.dtype, "--static-shape", ",".join(map(str, req.static_shape or AIR_DEFAULT_SHAPE))]
-    if req.quant:
+    if req.quant in formats.names():  # (a checkpoint quantized as published loads in its own format unasked)
         args += ["--quantize", req.quant]
     return " ".join(a if a == "$CHECKPOINT" else shlex.quote(a) for a in args).replace("$CHECKPOINT", '"$CHECKPOINT"')
 

@@ -110,9 +110,16 @@ def rename_group(path, old, new):
         f.write(model.SerializeToString())
 
 
-def int8_parameters(path):
-    """``{name: shape}`` of a MindIR's int8 weights (weight-only quantized projections)."""
-    return {p.name: list(p.dims) for p in _model(path).graph.parameter if p.data_type == mind_ir_pb2.TensorProto.INT8}
+# MindIR types of stored weight formats -> MindSpore's names of them
+QUANTIZED_TYPES = {mind_ir_pb2.TensorProto.INT8: "Int8", mind_ir_pb2.TensorProto.UINT8: "UInt8",
+                   mind_ir_pb2.TensorProto.QINT4X2: "Int4"}
+
+
+def quantized_parameters(path):
+    """``{name: (MindSpore type name, dims)}`` of a MindIR's weights stored in a quantized format's containers
+    (int8; int4 packed as uint8 bytes, or as Ascend's qint4x2, MindIR type 18, its dims the packed ones)."""
+    return {p.name: (QUANTIZED_TYPES[p.data_type], list(p.dims)) for p in _model(path).graph.parameter
+            if p.data_type in QUANTIZED_TYPES}
 
 
 def parameters(path):

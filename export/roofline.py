@@ -8,8 +8,9 @@ Bytes are the compulsory traffic, so the prediction is a floor: every weight the
 (int8 weights one byte, their scales in their own dtype), and the graph's input and output in the activation
 dtype. Intermediates ([T, 2I], [T, I], a stack's hidden states) are not counted: they may stay in L2. FLOPs are
 two per multiply-add of the GEMMs; RMSNorm, SwiGLU and the routing arithmetic run on the vector units and are left
-out. T is the rows the graph gets; an int8-weight GEMM computes in the activation dtype (the weights dequantized
-in the kernel), so its FLOPs count at the activation dtype's peak.
+out. T is the rows the graph gets; an int8- or int4-weight GEMM computes in the activation dtype (the weights
+dequantized in the kernel), so its FLOPs count at the activation dtype's peak; W8A8's (``compute`` "int8") at the
+int8 peak.
 
     PackedSwiGLUMLP   weights [2I/p, H] + [H, I/p]; 2 T H (2I/p) + 2 T (I/p) H = 6 T H I/p FLOPs
     PackedMoE         router: its weights, 2 T H E FLOPs. Routed experts, grouped (ascend, cpu: only the routed
@@ -21,6 +22,7 @@ in the kernel), so its FLOPs count at the activation dtype's peak.
     FFNBlock          its MLP (or MoE) + the RMSNorm weight
     FFNStack          the sum over its blocks (the input and output counted once)
 """
+from ms_swiglu import quant as formats
 from ms_swiglu.backends import chips
 from ms_swiglu.backends.matmul import DenseExperts
 from ms_swiglu.ffn import FFNBlock, FFNStack
@@ -99,6 +101,8 @@ def case(net, tokens, hidden, itemsize):
              "activation_bytes": (1 + outputs) * tokens * hidden * itemsize, "flops": round(c["flops"])}
     if "experts_read" in c:
         entry["experts_read"] = round(c["experts_read"], 3)
+    if any(formats.get(getattr(b, "quant", None)).quantizes_activations for _, b in net.cells_and_names()):
+        entry["compute"] = "int8"  # W8A8: its GEMMs at the int8 peak
     return entry
 
 

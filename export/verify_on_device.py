@@ -37,7 +37,8 @@ token's magnitude, not a tiny denominator). A correct device rounds each stored 
 (``roundings`` of them along the chain, counted by ``chain.py``, each an error of at most u = the unit
 roundoff, uniform: variance u^2/3) and sums each GEMM of ``reduction`` terms in float32 in its own order
 (variance about (2^-24)^2 K / 2 relative);
-sigma = sqrt(roundings u^2/3 + gemms (2^-24)^2 K/2). It passes when mean(e) <= mean_factor sigma and
+sigma = sqrt(roundings u^2/3 + gemms (2^-24)^2 K/2), plus, for int8 activations (W8A8), the values a rounded
+input moves to a neighbouring int8 step (:func:`acceptance`). It passes when mean(e) <= mean_factor sigma and
 max(e) <= max_factor sigma, for tokens whose routing is not ambiguous (``excluded_tokens``: a MoE token whose
 expert set a correct device may choose otherwise, its router scores within the dtype's rounding of a tie, is off by
 a whole expert's output).
@@ -77,13 +78,23 @@ MEAN_FACTOR, MAX_FACTOR = 3.0, 12.0
 GAIN_Z, GAIN_POWER_Z = 4.5, 2.0
 
 
-def acceptance(dtype, roundings, reduction, gemms):
-    """The acceptance criterion of an export, as ``manifest.json`` holds it."""
+def acceptance(dtype, roundings, reduction, gemms, quantizers=0, peak=0.0):
+    """The acceptance criterion of an export, as ``manifest.json`` holds it. ``quantizers``: the int8 activation
+    quantizers along the chain (W8A8), ``peak``: the largest ``127 s mean|x| / mean(x^2)`` of a row x of their
+    inputs in the golden cases (s its quantization step: max|x| / 127 per token). A device input x (1 + eps)
+    lands on another int8 value than the golden's with probability |x eps| / s (fractional parts uniform), an
+    error of one step s: variance s |x| E|eps| per element, against the rounding model's x^2 per unit of relative
+    variance, so ``peak / 127 * E|eps|`` relative to the row, with E|eps| <= sigma of the roundings: an upper
+    bound, as each quantizer sees only the roundings before it."""
     u = UNIT_ROUNDOFF[dtype]
-    sigma = math.sqrt(roundings * u * u / 3 + gemms * reduction * (2.0 ** -24) ** 2 / 2)
-    return {"error": "e = |device - golden| / (|golden| + rms of the token's golden outputs)",
-            "dtype": dtype, "unit_roundoff": u, "roundings": roundings, "reduction": reduction, "gemms": gemms,
-            "sigma": sigma, "mean_max": MEAN_FACTOR * sigma, "max_max": MAX_FACTOR * sigma, "gain_z": GAIN_Z}
+    rounded = roundings * u * u / 3 + gemms * reduction * (2.0 ** -24) ** 2 / 2
+    sigma = math.sqrt(rounded + quantizers * peak / 127 * math.sqrt(rounded))
+    out = {"error": "e = |device - golden| / (|golden| + rms of the token's golden outputs)",
+           "dtype": dtype, "unit_roundoff": u, "roundings": roundings, "reduction": reduction, "gemms": gemms,
+           "sigma": sigma, "mean_max": MEAN_FACTOR * sigma, "max_max": MAX_FACTOR * sigma, "gain_z": GAIN_Z}
+    if quantizers:
+        out.update(quantizers=quantizers, peak=peak)
+    return out
 
 
 def _kept(a, keep):
@@ -428,7 +439,8 @@ def predicted(case, models, dtype, soc=None):
         return None, None, "no figures for this chip in the manifest"
     found = []
     for name, m in named.items():
-        peak = (m.get("cube_tflops") or {}).get(dtype)
+        # int8 x int8 GEMMs (W8A8: the case's ``compute``) run at the cube's int8 peak
+        peak = m.get("int8_tops") if case.get("compute") == "int8" else (m.get("cube_tflops") or {}).get(dtype)
         bw = m.get("hbm_gbps")
         terms = [t for t in ((case["weight_bytes"] + case["activation_bytes"]) / (bw * 1e9) if bw else None,
                              case["flops"] / (peak * 1e12) if peak else None) if t is not None]
@@ -440,7 +452,8 @@ def predicted(case, models, dtype, soc=None):
     missing = "HBM bandwidth not sourced: cube term only" if not any(f[3] for f in found) else "roofline"
     if len(found) == 1:
         _, name, peak, _ = lo
-        return lo[0], lo[0], f"{name}, {missing}" + (f", {peak} TFLOPS {dtype}" if peak else "")
+        what = "TOPS int8" if case.get("compute") == "int8" else f"TFLOPS {dtype}"
+        return lo[0], lo[0], f"{name}, {missing}" + (f", {peak} {what}" if peak else "")
     return lo[0], hi[0], f"{lo[1]}..{hi[1]}, the kit's chip family (model not read), {missing}"
 
 

@@ -7,6 +7,7 @@ packed gate/up projection, SwiGLU as the GEMM's epilogue (``[T, 2I]`` never exis
 MatMul followed by the backend's SwiGLU op.
 """
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 
 from ms_swiglu import initial
@@ -57,9 +58,31 @@ class Linear(nn.Cell):
             raise InputError(f"swiglu: expected an even d_out (2I, [gate, up]), got {d_out}")
         self.dtype, method = to_dtype(dtype), formats.get(quant)
         self.backend, self.quant = resolve(backend), formats.name(method)
-        # weight and its format's other parts (weight_scale, ...), which the op takes after it
-        self.aux = ms.ParameterTuple(method.create_weights(self, "weight", (d_out, d_in), self.dtype))
         self.op = self.backend.linear(self.dtype, swiglu, method)
+        # weight (as the op holds it) and its format's other parts (weight_scale, ...), which the op takes after it,
+        # then what the op derives from them at load (``derive``)
+        parts = method.create_weights(self, "weight", (d_out, d_in), self.dtype, self.form)
+        self._derived = getattr(self.op, "derived", ())
+        for d in self._derived:
+            setattr(self, "weight" + d.suffix, initial.parameter(
+                (d_out,), getattr(ms, d.dtype), "weight" + d.suffix, requires_grad=False,
+                fill=lambda d=d: np.zeros((d_out,), d.dtype)))
+        self.aux = ms.ParameterTuple(parts + tuple(getattr(self, "weight" + d.suffix) for d in self._derived))
+
+    @property
+    def form(self):
+        """How the op holds the weight (``ms_swiglu.backends.spec.WeightForm``; None: as the format stores it)."""
+        return getattr(self.op, "form", None)
+
+    def derive(self, state):
+        """``{parameter name: array}`` of the values the op derives from this Cell's weight parts in ``state``
+        (``{parameter name: array}``, as the format stores them)."""
+        parts = {name[len("weight"):]: w for name, w in state.items() if name.startswith("weight")}
+        return {"weight" + d.suffix: d.compute(parts) for d in self._derived}
+
+    def forms(self):
+        """``{parameter name: WeightForm}`` of the weights held in a form of the op's own."""
+        return {"weight": self.form} if self.form is not None else {}
 
     def construct(self, x):
         return self.op(x, self.weight, *self.aux)

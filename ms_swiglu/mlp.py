@@ -101,7 +101,7 @@ def to_quantized(packed, quant="int8", backend=None):
     with empty_weights():
         mlp = PackedSwiGLUMLP(packed.hidden_size, packed.intermediate_size, dtype=packed.compute_dtype,
                               backend=backend or packed.backend, layout=packed.layout, quant=formats.get(quant))
-    return load_weights(mlp, formats.quantize_state_dict(weights(packed), quant))
+    return load_weights(mlp, formats.quantize_state_dict(weights(packed), quant), stored=True)
 
 
 def to_unpacked(packed):
@@ -128,11 +128,30 @@ def param_dtype(cell):
     return next(iter(cell.get_parameters())).dtype
 
 
-def load_weights(cell, state):
-    """Set a Cell's parameters from ``{relative name: array}``; names and shapes must match exactly."""
+def held_forms(cell):
+    """``{parameter name: WeightForm}`` of a Cell's weights whose ops hold them in a form of their own
+    (``ms_swiglu.backends.spec.WeightForm``: e.g. [E, in, out], or Ascend's signed int4)."""
+    return {f"{prefix}.{name}" if prefix else name: form for prefix, c in cell.cells_and_names()
+            if hasattr(c, "forms") for name, form in c.forms().items()}
+
+
+def load_weights(cell, state, stored=False):
+    """Set a Cell's parameters from ``{relative name: array}``; names and shapes must match exactly. ``stored``:
+    the weights are as their format stores them ([..., out, in]), converted here to the form the ops hold
+    (:func:`held_forms`); otherwise they are in that form already."""
     params = dict(cell.parameters_and_names())
+    if stored:  # what the ops derive from the parts (ms_swiglu.backends.spec.Derived), from them as stored
+        state = dict(state)
+        for prefix, c in cell.cells_and_names():
+            if hasattr(c, "derive"):
+                pre = f"{prefix}." if prefix else ""
+                own = {n[len(pre):]: w for n, w in state.items() if n.startswith(pre)}
+                state.update({pre + n: w for n, w in c.derive(own).items()})
     if set(params) != set(state):
         raise InputError(f"expected weights {sorted(params)}, got {sorted(state)}")
+    if stored:
+        forms = held_forms(cell)
+        state = {name: forms[name].store(w) if name in forms else w for name, w in state.items()}
     for name, w in state.items():
         if params[name].shape != w.shape:
             raise InputError(f"{name}: expected shape {params[name].shape}, got {w.shape}")

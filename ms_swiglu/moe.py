@@ -44,13 +44,17 @@ class StackedExperts(nn.Cell):
         self.op = backend.experts(dtype, method, partial)  # partial: ids -1 (another rank's experts) add nothing
         # each weight and its format's other parts ({name}_scale, ...), which the op takes as a tuple after it
         self.gate_up_aux, self.down_aux = (ms.ParameterTuple(method.create_weights(
-            self, name, shape, dtype, stored=self.store(shape))) for name, shape in (
+            self, name, shape, dtype, self.op.form)) for name, shape in (
                 ("gate_up_proj", (num_experts, 2 * intermediate_size, hidden_size)),
                 ("down_proj", (num_experts, hidden_size, intermediate_size))))
 
     def store(self, w):
         """A stacked weight [E, out, in] (or its shape) as the op holds it."""
         return self.op.store(w)
+
+    def forms(self):
+        """``{parameter name: WeightForm}`` of the stacked weights (``ms_swiglu.backends.spec.WeightForm``)."""
+        return {"gate_up_proj": self.op.form, "down_proj": self.op.form}
 
     def unstore(self, w):
         """A stacked weight as held, as [E, out, in]."""

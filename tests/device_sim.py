@@ -10,8 +10,12 @@ scales. :func:`device` evaluates it as a correct device does:
 * every stored intermediate rounded to the dtype (bfloat16 by round-to-nearest-even on the bits, float16 by
   np.float16): the GEMM outputs, the SwiGLU output, the routed experts' combine, the shared expert's gated
   product, the adds, the RMSNorm output;
-* int8 weights dequantized as WeightQuantBatchMatmul / GroupedMatmulV4's antiquant does: the scale cast to the
-  activation dtype, ``q * scale`` rounded to the dtype (per output row, or per 128 inputs of a row);
+* int8 and int4 weights dequantized as WeightQuantBatchMatmul / GroupedMatmulV4's antiquant does: the scale cast
+  to the activation dtype, ``q * scale`` rounded to the dtype (per output row, or per group of a row; int4's q
+  is ``u - z``, exact);
+* int8 activations (W8A8) quantized from the dtype's values in float32 (per token at max|x| / 127, or static
+  with the checkpoint's scale and offset), the integer products exact, times the per-token step and the row's
+  float32 scale (QuantBatchMatmul, GroupedMatmulV4's A8W8); the golden quantizes its float64 values;
 * SwiGLU gate first, ``silu(g) * u`` in float32 then rounded; RMSNorm ``w * x / sqrt(mean(x^2) + eps)`` in
   float32, rounded; routers as ``ms_swiglu.routers`` computes them (softmax: logits in the dtype, softmax and
   renormalisation in float32; DeepSeek-V3: a float32 GEMM, sigmoid, the correction bias for the choice only,
@@ -38,6 +42,7 @@ FAULTS = {
     "shared_gate_ignored": "Qwen2-MoE's shared expert added without sigmoid(shared_expert_gate(x))",
     "row_scale_shifted": "int8 per row: each row dequantized with the next row's scale",
     "bias_in_weights": "DeepSeek-V3: the routing weights taken from the biased scores (the correction bias)",
+    "offset_ignored": "W8A8 static: the activations' offset left in the integer products (no folded bias)",
     "gain": "one branch (``gain@i``: the i-th of :func:`branches`) computed 1% too large",
 }  # (faults_for: those that apply to a network)
 GAIN = 0.01
@@ -62,7 +67,7 @@ def _f32(t):
     """A MindSpore Tensor / Parameter as a float32 NumPy array (16-bit values exactly)."""
     import mindspore as ms  # noqa: PLC0415
 
-    if t.dtype in (ms.int8,):
+    if t.dtype in (ms.int8, ms.uint8):
         return t.asnumpy()
     return t.astype(ms.float32).asnumpy()
 
@@ -72,15 +77,36 @@ def _dtype_name(dt):
 
 
 # ------------------------------------------------------------------------------------------------ describing
-def _weight(w, scale, quant, unstore=None):
-    """A projection weight in the canonical layout [..., out, in] (``unstore``: from the layout its Cell holds it
-    in): float32 values, or int8 + float32 scales."""
-    arr = _f32(w)
+def _weight(cell, name, quant, unstore=None):
+    """A projection weight ``cell.{name}`` in the canonical layout [..., out, in] (``unstore``: from the layout its
+    Cell holds it in): float32 values, or the integers ``q`` with ``w = q * scale`` (per row or group: int8, and
+    int4 as ``u - z``) and, for int8 activations (W8A8), how they are quantized (``act``: "dynamic", or "static"
+    with ``scale`` the row's whole dequantization scale ``s_x s_w``, ``input_scale`` and ``input_offset``)."""
+    from ms_swiglu import quant as formats  # noqa: PLC0415
+    from ms_swiglu.schema import INPUT_OFFSET, INPUT_SCALE, SCALE, ZERO  # noqa: PLC0415
+
+    method = formats.get(quant)
+    arr = getattr(cell, name).asnumpy() if method.quantized else _f32(getattr(cell, name))
     if unstore is not None:
         arr = unstore(arr)
-    if scale is None:
+    if not method.quantized:
         return {"w": arr.astype(np.float32), "q": None}
-    return {"w": None, "q": arr.astype(np.int8), "scale": _f32(scale).astype(np.float32), "quant": quant}
+    scale = _f32(getattr(cell, name + SCALE)).astype(np.float32)
+    if method.bits == 4:
+        from ms_swiglu.quant.int4 import unpack_int4  # noqa: PLC0415
+
+        u = unpack_int4(arr).astype(np.int16)
+        z = getattr(cell, name + ZERO).asnumpy().astype(np.int16) if method.zero_point else np.full(scale.shape, 8)
+        q = (u.reshape(*scale.shape, -1) - z[..., None]).reshape(u.shape)
+    else:
+        q = arr.astype(np.int16)
+    out = {"w": None, "q": q, "scale": scale, "quant": quant, "act": None}
+    if method.quantizes_activations:
+        out["act"] = method.activation.name.lower()
+        if out["act"] == "static":
+            out.update(input_scale=float(_f32(getattr(cell, name + INPUT_SCALE)).reshape(-1)[0]),
+                       input_offset=float(_f32(getattr(cell, name + INPUT_OFFSET)).reshape(-1)[0]))
+    return out
 
 
 def describe(net):
@@ -100,8 +126,7 @@ def describe(net):
     if isinstance(net, PackedSwiGLUMLP):
         gu, dn = net.gate_up_proj, net.down_proj
         return {"kind": "mlp", "dtype": _dtype_name(net.compute_dtype),
-                "gate_up": _weight(gu.weight, gu.weight_scale, net.quant),
-                "down": _weight(dn.weight, dn.weight_scale, net.quant)}
+                "gate_up": _weight(gu, "weight", net.quant), "down": _weight(dn, "weight", net.quant)}
     if isinstance(net, PackedMoE):
         r, ex = net.router, net.experts
         sigmoid = hasattr(r, "e_score_correction_bias")
@@ -111,8 +136,8 @@ def describe(net):
             router.update(bias=_f32(r.e_score_correction_bias), n_group=r.n_group, topk_group=r.topk_group,
                           scale=float(r.scale))
         return {"kind": "moe", "dtype": _dtype_name(net.compute_dtype), "router": router,
-                "gate_up": _weight(ex.gate_up_proj, ex.gate_up_proj_scale, net.quant, ex.unstore),
-                "down": _weight(ex.down_proj, ex.down_proj_scale, net.quant, ex.unstore),
+                "gate_up": _weight(ex, "gate_up_proj", net.quant, ex.unstore),
+                "down": _weight(ex, "down_proj", net.quant, ex.unstore),
                 "shared": None if net.shared_expert is None else describe(net.shared_expert),
                 "shared_gate": None if net.shared_expert_gate is None else _f32(net.shared_expert_gate.weight)}
     blocks = [c for _, c in net.cells_and_names() if isinstance(c, (FFNStack, FFNBlock, PackedMoE, PackedSwiGLUMLP))]
@@ -126,7 +151,7 @@ class _Golden:
     """float64, no intermediate rounding, int8 dequantized exactly."""
 
     def __init__(self):
-        self.ids, self.parts, self.blocks = [], [], []
+        self.ids, self.parts, self.blocks, self.peaks = [], [], [], [0.0]
 
     fault = gain_at = None
     wide = np.float64
@@ -136,6 +161,11 @@ class _Golden:
 
     def gemm(self, a, w, dtype):
         return np.asarray(a, np.float64) @ np.asarray(w, np.float64).T
+
+    def quantize(self, a, p):
+        xq, step = _quantize(np.asarray(a, np.float64), p)
+        self.peaks.append(quantizer_peak_of(a, p, step))
+        return xq, step
 
     def weight(self, p, dtype, which=None):
         if p["q"] is None:
@@ -168,6 +198,9 @@ class _Device:
     def gemm(self, a, w, dtype):
         return tiled_gemm(np.asarray(a, np.float32), np.asarray(w, np.float32), TILE_K[dtype])
 
+    def quantize(self, a, p):
+        return _quantize(np.asarray(a, np.float32), p, self.fault)
+
     def weight(self, p, dtype, which=None):
         if p["q"] is None:
             return p["w"]
@@ -178,6 +211,52 @@ class _Device:
         if self.fault == "row_scale_shifted" and s.ndim < p["q"].ndim:
             s = np.roll(s, -1, axis=-1)
         return rnd(_dequant(p["q"].astype(np.float32), s), dtype)  # q * scale exact in float32, rounded
+
+
+def _quantize(a, p, fault=None):
+    """int8 activations as the device's quantizer gives them, in ``a``'s float type: (x_q - o [T, K] integers, the
+    per-token step [T, 1]); dynamic: ``s = max|x| / 127``, ``x_q = round(x / s)``; static: ``x_q = clip(round(x /
+    s_x + o), -128, 127)``, step 1 (the row scale holds ``s_x``). ``offset_ignored``: the offset left in."""
+    wide = a.dtype.type
+    if p["act"] == "dynamic":
+        amax = np.abs(a).max(-1, keepdims=True)
+        step = np.where(amax > 0, amax / wide(127), wide(1)).astype(a.dtype)
+        return np.clip(np.rint(a / step), -127, 127), step
+    o = wide(p["input_offset"])
+    q = np.clip(np.rint(a / wide(p["input_scale"]) + o), -128, 127)
+    return (q if fault == "offset_ignored" else q - o), np.ones((a.shape[0], 1), a.dtype)
+
+
+def quantizer_peak_of(a, p, step):
+    """The largest ``127 s mean|x| / mean(x^2)`` over the rows x of a quantizer's input ``a`` (s its step: the
+    per-token step, or the static input scale), rows of zeros left out."""
+    a = np.abs(np.asarray(a, np.float64))
+    s = np.asarray(step, np.float64) if p["act"] == "dynamic" else np.full((a.shape[0], 1), p["input_scale"])
+    ms_ = np.mean(a * a, -1, keepdims=True)
+    live = ms_[:, 0] > 0
+    return float(np.max((127 * s * np.mean(a, -1, keepdims=True) / np.where(live[:, None], ms_, 1))[live],
+                        initial=0.0))
+
+
+def quantizer_peak(spec, x):
+    """The golden run's largest quantizer peak (:func:`quantizer_peak_of`) on ``x``: every int8 activation
+    quantizer's input, MoE experts on their routed rows."""
+    ctx = _Golden()
+    _block(ctx, spec, rnd(x, dtype_of(spec)).astype(np.float64))
+    return max(ctx.peaks)
+
+
+def project(ctx, a, p, dtype):
+    """``a W^T`` of a projection: its GEMM on the weight as the device reads it, or, for int8 activations, the
+    integer products (exact) times the per-token step and the row scales, in the context's float type."""
+    if p["q"] is None or p["act"] is None:
+        return ctx.gemm(a, ctx.weight(p, dtype), dtype)
+    xq, step = ctx.quantize(a, p)
+    scale = p["scale"]
+    if ctx.fault == "row_scale_shifted":
+        scale = np.roll(scale, -1, axis=-1)
+    acc = xq.astype(np.float64) @ p["q"].astype(np.float64).T  # exact: |sum| < 2^53
+    return (acc.astype(ctx.wide) * step * scale.astype(ctx.wide)).astype(ctx.wide)
 
 
 def tiled_gemm(a, w, tile):
@@ -212,19 +291,19 @@ def _mlp(ctx, gate_up, down, x, dtype):
     """One packed SwiGLU MLP: [T, H] -> [T, H]."""
     if x.shape[0] == 0:
         return np.zeros((0, down["q" if down["w"] is None else "w"].shape[-2]), ctx.wide)
-    h = ctx.r(ctx.gemm(x, ctx.weight(gate_up, dtype), dtype), dtype)  # [T, 2I]
+    h = ctx.r(project(ctx, x, gate_up, dtype), dtype)  # [T, 2I]
     inter = h.shape[-1] // 2
     g, u = h[:, :inter], h[:, inter:]
     if ctx.fault == "gate_up_swapped":
         g, u = u, g
     act = g * u if ctx.fault == "silu_missing" else g * _sigmoid(g) * u  # in the wide type, then rounded
     a = ctx.r(act, dtype)
-    wd = ctx.weight(down, dtype)
     if ctx.fault == "down_transposed":
-        if wd.shape[0] != wd.shape[1]:
+        w = down["w"] if down["q"] is None else down["q"]
+        if w.shape[0] != w.shape[1]:
             raise ValueError("down_transposed needs H == I")
-        wd = wd.T
-    return ctx.r(ctx.gemm(a, wd, dtype), dtype)
+        down = dict(down, **({"w": w.T} if down["q"] is None else {"q": w.T, "scale": down["scale"]}))
+    return ctx.r(project(ctx, a, down, dtype), dtype)
 
 
 def _topk(v, k):
@@ -265,7 +344,7 @@ def _router(ctx, r, x, dtype):
 def _expert(p, e):
     if p["q"] is None:
         return {"w": p["w"][e], "q": None}
-    return {"w": None, "q": p["q"][e], "scale": p["scale"][e], "quant": p.get("quant")}
+    return dict(p, q=p["q"][e], scale=p["scale"][e])
 
 
 def _moe(ctx, s, x):
@@ -367,6 +446,8 @@ def faults_for(spec):
         out.append("row_scale_shifted")
     if any(m["router"]["scoring"] == "sigmoid" and np.any(m["router"]["bias"] != 0) for m in moes):
         out.append("bias_in_weights")
+    if any(p["q"] is not None and p["act"] == "static" and p["input_offset"] for _, p in _projections(spec)):
+        out.append("offset_ignored")
     return out
 
 

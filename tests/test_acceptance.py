@@ -51,6 +51,14 @@ NETS = {
     "deepseek_v3-int8-bfloat16": ("moe", "bfloat16", "int8", dict(H=256, I=128, family="deepseek_v3")),
     "mixtral-int8-float16": ("moe", "float16", "int8", dict(H=256, I=128, family="mixtral")),
     "qwen2_moe-int8g128-bfloat16": ("moe", "bfloat16", "int8-g128", dict(H=256, I=128, family="qwen2_moe")),
+    # int4 (W4A16) as WeightQuantBatchMatmul / GroupedMatmulV4 take it, W8A8 as QuantBatchMatmul does
+    "dense-int4g128-float16": ("mlp", "float16", "int4-g128", dict(H=256, I=512)),
+    "dense-int4g64zp-bfloat16": ("mlp", "bfloat16", "int4-g64-zp", dict(H=256, I=512)),
+    "dense-w8a8-bfloat16": ("mlp", "bfloat16", "w8a8", dict(H=256, I=512)),
+    "dense-w8a8-float16": ("mlp", "float16", "w8a8", dict(H=256, I=512)),
+    "dense-w8a8static-bfloat16": ("mlp", "bfloat16", "w8a8-static", dict(H=256, I=512)),
+    "mixtral-int4g32zp-float16": ("moe", "float16", "int4-g32-zp", dict(H=256, I=128, family="mixtral")),
+    "qwen2_moe-w8a8-bfloat16": ("moe", "bfloat16", "w8a8", dict(H=256, I=128, family="qwen2_moe")),
     "stack-float32": ("stack", "float32", None, dict(H=256, I=512)),
     "stack-bfloat16": ("stack", "bfloat16", None, dict(H=256, I=512)),
     "stack-float16": ("stack", "float16", None, dict(H=256, I=512)),
@@ -59,14 +67,42 @@ NETS = {
 COMPOSITE = ("dense-int8g128-bfloat16", "qwen2_moe-bfloat16", "deepseek_v3-int8-bfloat16", "stack-float16")
 
 
+def _encode(method, w, rng):
+    """``{suffix: array}`` of a quantized weight standing for ``w``: the format's own rounding, and for the formats
+    that come only from checkpoints, the rounding a checkpoint of them has: int4 with zero points 6..10 per group
+    (``u = round(w / s) + z``, clipped), W8A8 static with an activation scale of 1/32 and offset 2 (the row
+    scale ``s_x s_w``)."""
+    from ms_swiglu.schema import INPUT_OFFSET, INPUT_SCALE, SCALE, ZERO
+
+    if method.quantizes:
+        return method.encode(w)
+    if method.zero_point:
+        sym = formats.get(f"int4-g{method.group}").encode(w)
+        u = formats.get(f"int4-g{method.group}").decode(sym) / np.repeat(sym[SCALE], method.group, -1)
+        z = rng.integers(6, 11, sym[SCALE].shape).astype(np.uint8)
+        u = np.clip(np.rint(u).astype(np.int16) + np.repeat(z, method.group, -1), 0, 15)
+        from ms_swiglu.quant.int4 import pack_int4
+
+        return {"": pack_int4(u), SCALE: sym[SCALE], ZERO: z}
+    parts = formats.get("w8a8").encode(w)
+    return {**parts, SCALE: (parts[SCALE] / 32).astype(np.float32), INPUT_SCALE: np.full(1, 1 / 32, np.float32),
+            INPUT_OFFSET: np.full(1, 2, np.float32)}
+
+
 def _fill(cell, rng, quant=None):
     """Random weights of realistic scale: projections and routers ~ N(0, 1/K), norms ~ 1 + N(0, 0.1^2), the
-    correction bias ~ N(0, 0.05^2); int8 ones quantized from them (quant's group), scales beside them."""
+    correction bias ~ N(0, 0.05^2); quantized ones encoded from them (:func:`_encode`), their parts beside them."""
+    from ms_swiglu.schema import PART_SUFFIXES
+
+    method = formats.get(quant)
     params = dict(cell.parameters_and_names())
     for name, p in params.items():
-        if name.endswith("_scale"):
+        if name.endswith(PART_SUFFIXES):
             continue
+        quantized = method.quantized and f"{name}_scale" in params
         shape = tuple(p.shape)
+        if quantized:  # the logical [..., M, K] of a stored weight (int4: two a byte)
+            shape = shape[:-1] + (shape[-1] * 8 // method.bits,)
         if name.endswith("layernorm.weight"):
             w = 1 + 0.1 * rng.standard_normal(shape)
         elif name.endswith("e_score_correction_bias"):
@@ -74,10 +110,9 @@ def _fill(cell, rng, quant=None):
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
         w = w.astype(np.float32)
-        if p.dtype == ms.int8:
-            q, s = formats.get(quant).quantize(w)
-            p.set_data(ms.Tensor(q))
-            params[f"{name}_scale"].set_data(ms.Tensor(s))
+        if quantized:
+            for suffix, a in _encode(method, w, rng).items():
+                params[name + suffix].set_data(ms.Tensor(a))
         else:
             p.set_data(ms.Tensor(w).astype(p.dtype))
     return cell
@@ -88,9 +123,9 @@ def build(name, backend="cpu", seed=0):
     ms.set_seed(seed)
     rng, d, h, i = np.random.default_rng(seed), DT[dtype], kw["H"], kw["I"]
     if kind == "mlp":
-        if quant:  # the package's own path to int8: a float MLP quantized by to_quantized
+        if quant in ("int8", "int8-g128"):  # the package's own path to int8: a float MLP quantized by to_quantized
             return to_quantized(_fill(PackedSwiGLUMLP(h, i, dtype=d, backend=backend), rng), quant)
-        return _fill(PackedSwiGLUMLP(h, i, dtype=d, backend=backend), rng)
+        return _fill(PackedSwiGLUMLP(h, i, dtype=d, backend=backend, quant=quant), rng, quant)
     if kind == "moe":
         moe = PackedMoE(h, i, EXPERTS, TOP_K, dtype=d, backend=backend, quant=quant, **FAMILIES[kw["family"]])
         return _fill(moe, rng, quant)
@@ -118,7 +153,10 @@ def case(name):
         for t in TOKENS:
             x = inputs(name, t)
             runs[t] = (x, *ds.golden(spec, x))
-        _CACHE[name] = (net, spec, acceptance(NETS[name][1], **chain(net)), runs)
+        count = chain(net)
+        if count.get("quantizers"):  # int8 activations: the peak of their inputs, as the exporter measures it
+            count["peak"] = max(ds.quantizer_peak(spec, x) for x, *_ in runs.values())
+        _CACHE[name] = (net, spec, acceptance(NETS[name][1], **count), runs)
     return _CACHE[name]
 
 
@@ -283,3 +321,32 @@ def test_routing_near_ties_are_rare_and_are_excluded():
         assert 0 < len(excluded) <= tokens // 64, (what, excluded)  # some, and at most 1.6%
         assert not check(got, want, crit)["ok"], what
         _passes_by_margin(check(got, want, crit, excluded), crit, what)
+
+
+@pytest.mark.parametrize("name", ["dense-w8a8-bfloat16", "dense-w8a8static-bfloat16", "qwen2_moe-w8a8-bfloat16"])
+def test_the_exporters_quantizer_peak_reads_every_int8_quantizers_input(name):
+    """export.golden.quantizer_peak (the float32 network run once in PyNative mode, its quantizers observed)
+    against device_sim's golden (float64, its own quantizers): equal on a dense MLP (same inputs up to float32
+    rounding); on a MoE block at least the routed rows' peak, since the dense experts of the float32 network also
+    quantize the rows of tokens that are not routed to an expert."""
+    from ms_swiglu.export.golden import quantizer_peak
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net, spec, _, runs = case(name)
+    kind, dtype, quant, kw = NETS[name]
+    gold = _fill(PackedSwiGLUMLP(kw["H"], kw["I"], dtype=ms.float32, backend="composite", quant=quant)
+                 if kind == "mlp" else PackedMoE(kw["H"], kw["I"], EXPERTS, TOP_K, dtype=ms.float32,
+                                                 backend="composite", quant=quant, **FAMILIES[kw["family"]]),
+                 np.random.default_rng(0), quant)
+    for (name_, p) in gold.parameters_and_names():  # the Cell's own values, widened
+        p.set_data(ms.Tensor(dict(net.parameters_and_names())[name_].asnumpy()).astype(p.dtype)
+                   if p.dtype in (ms.int8, ms.uint8) else
+                   dict(net.parameters_and_names())[name_].astype(ms.float32))
+    x = runs[16][0].reshape(2, 8, -1)
+    got, want = quantizer_peak(gold, x), ds.quantizer_peak(spec, x.reshape(16, -1))
+    assert ms.get_context("mode") == ms.GRAPH_MODE
+    assert want > 1, want
+    if kind == "mlp":
+        assert got == pytest.approx(want, rel=1e-5)
+    else:
+        assert want * (1 - 1e-5) <= got <= 4 * want, (got, want)

@@ -398,7 +398,9 @@ def ep_exports(ckpts, tmp_path_factory):
                        "--output-dir", str(root / "dense")],
                       ["export", "--preset", "tiny", "--ep-size", "2", "--output-dir", str(root / "preset")],
                       ["export", "--checkpoint", ckpts["qwen2_moe"], "--layer", "0", "--ep-size", "2", "--target",
-                       "cpu", "--output-dir", str(root / "cpu")]], timeout=900)
+                       "cpu", "--output-dir", str(root / "cpu")],
+                      ["export", "--checkpoint", ckpts["qwen2_moe"], "--layer", "0", "--ep-size", "2", "--dtype",
+                       "bfloat16", "--quantize", "w8a8", "--output-dir", str(root / "w8a8")]], timeout=900)
     assert [r.returncode for r in runs[:2]] == [0, 0], [r.stderr for r in runs[:2]]
     runs = runs[2:]
     bin_dir = os.path.dirname(sys.executable)
@@ -460,9 +462,21 @@ def test_the_verify_command_passes_on_every_rank(ep_exports):
     assert alone.returncode == 2 and "expected to run as one of 2 ranks under msrun" in alone.stderr
 
 
+def test_export_ep_takes_w8a8_experts_with_their_quant_ops(ep_exports):
+    """W8A8 (dynamic) experts on every rank: int8 rows by DynamicQuantExt into GroupedMatmulV4, the shared expert
+    by QuantBatchMatmul; each rank's twin passed its golden outputs at export."""
+    root, runs, _, _ = ep_exports
+    assert runs[5].returncode == 0, runs[5].stderr[-800:]
+    for rank in range(2):
+        m = json.loads((root / "w8a8" / f"rank{rank}" / "manifest.json").read_text())
+        assert {"DynamicQuantExt", "GroupedMatmulV4", "QuantBatchMatmul", "AllReduce"} <= set(m["op_types"])
+        assert m["weights"]["quant"] == "w8a8" and m["outputs"][0]["acceptance"]["quantizers"] == 4
+        assert all(c["ok"] for c in m["verification"]["cpu_twin"])
+
+
 def test_export_ep_refuses_what_it_cannot_split(ep_exports):
     root, runs, _, _ = ep_exports
-    assert [r.returncode for r in runs[2:]] == [2, 2, 2]
+    assert [r.returncode for r in runs[2:5]] == [2, 2, 2]
     assert "--layer: expected a MoE layer for --ep-size" in runs[2].stderr
     assert "--ep-size: expected --checkpoint and --layer N (one MoE layer), got --preset" in runs[3].stderr
     assert "--ep-size: expected --target ascend or portable (graphs that deploy), got cpu" in runs[4].stderr

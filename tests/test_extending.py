@@ -118,5 +118,5 @@ def test_a_new_moe_family_is_one_object(tmp_path, toy_family):
     for rank in range(2):  # each rank file's block (before the AllReduce: built with tp_size 1) sums to the whole
         weights, _, _ = ckpt.layer(0, ParallelLayout(2, rank))
         moe = PackedMoE(h, inter // 2, e, k, backend="cpu", router=ckpt.config.moe.router)
-        parts.append(to_f64(load_weights(moe, layer_state(ckpt.config, 0, weights, moe.experts.store))(x)))
+        parts.append(to_f64(load_weights(moe, layer_state(ckpt.config, 0, weights), stored=True)(x)))
     assert_close(parts[0] + parts[1], ref, "float32", "toy block over 2 ranks")

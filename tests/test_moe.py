@@ -502,7 +502,7 @@ def test_tensor_parallel_ranks_sum_to_the_whole_block(family_ckpts, family):
         m = config.moe
         kwargs = dict(m.block_kwargs(), shared_intermediate_size=m.shared_intermediate_size // 2)
         moe = PackedMoE(H, I // 2, E, K, backend="cpu", **kwargs)
-        parts.append(to_f64(load_weights(moe, layer_state(config, layer, w, moe.experts.store))(x)))
+        parts.append(to_f64(load_weights(moe, layer_state(config, layer, w), stored=True)(x)))
     np.testing.assert_allclose(parts[0] + parts[1], whole, atol=1e-5, rtol=1e-5)
     assert w["gate_up"].shape == (E, I, H) and w["shared_down"].shape[1] * 2 == CKPTS[family]["shared_inter"]
 

@@ -133,6 +133,12 @@ def test_roofline_of_a_dense_mlp_and_its_int8_copy():
                                            "flops": 2 * t * h * 2 * i + 2 * t * i * h}  # gate/up, then down
     q = to_quantized(mlp, "int8")  # one byte a weight, a float32 scale per output row
     assert roofline.case(q, t, h, 2)["weight_bytes"] == 3 * i * h + (2 * i + h) * 4
+    h4 = 64  # int4 in groups of 32: half a byte a weight, a float32 scale per 32 inputs; W8A8 at the int8 peak
+    mlp4 = PackedSwiGLUMLP(h4, h4, dtype=ms.bfloat16, backend="composite")
+    q4 = to_quantized(mlp4, "int4-g32", "ascend")
+    assert roofline.case(q4, t, h4, 2)["weight_bytes"] == 3 * h4 * h4 // 2 + 3 * h4 * (h4 // 32) * 4
+    assert "compute" not in roofline.case(q4, t, h4, 2)
+    assert roofline.case(to_quantized(mlp, "w8a8", "ascend"), t, h, 2)["compute"] == "int8"
     stack = FFNStack([FFNBlock(h, i, dtype=ms.bfloat16, backend="composite") for _ in range(2)], branch_outputs=True)
     assert roofline.case(stack, t, h, 2) == {"tokens": t, "weight_bytes": 2 * (3 * i * h + h) * 2,
                                              "activation_bytes": (1 + 3) * t * h * 2, "flops": 2 * 6 * t * h * i}
@@ -165,6 +171,8 @@ def test_prediction_from_the_chips_figures():
     assert (lo, hi) == (pytest.approx(case["flops"] / 363.7e12), pytest.approx(case["flops"] / 245.8e12))
     assert words.startswith("Ascend910B1..Ascend910B4-1, the kit's chip family (model not read)")
     assert vod.predicted(case, models, "float32", "Ascend910B3")[0] is None  # no sourced float32 peak
+    lo, _, words = vod.predicted(dict(case, compute="int8"), models, "bfloat16", "Ascend910B3")  # W8A8
+    assert lo == pytest.approx(1e-3) and words.endswith("589.8 TOPS int8")
     with_hbm = {"X": dict(models["Ascend910B3"], hbm_gbps=1000.0)}  # 1 GB at 1000 GB/s: 1 ms, the cube's 2 ms
     assert vod.predicted(case, with_hbm, "bfloat16", "X")[0] == pytest.approx(2e-3)
     assert vod.predicted(dict(case, weight_bytes=5 * 10 ** 9), with_hbm, "bfloat16", "X")[0] == pytest.approx(5e-3)

@@ -57,12 +57,31 @@ SUPPORT = {s.op: s for s in (
               _DOCS.format("aclnnWeightQuantBatchMatmulV2", "aclnnWeightQuantBatchMatmulV2"),
               mindspore=f"{OPS_ASCEND}: WeightQuantBatchMatmulV2Ascend (aclnnWeightQuantBatchMatmulV2)",
               ge=f"{GE_ADAPTERS}: OpAdapter<WeightQuantBatchMatmulV2>",
-              note="int8 weights; per-group scales [ceil(K/g), N] with g a multiple of 32 in [32, K-1]; "
+              note="int8 weights [N, K] (transposed); int4 (qint4x2) [K, N/2], signed, the even index in the low "
+                   "nibble (MindSpore's tests/st/ops/ascend/test_weight_quant_int4.py), antiquant (w + offset) * "
+                   "scale; per-group scales and offsets [ceil(K/g), N] with g a multiple of 32 in [32, K-1]; "
                    "k, n in [1, 65535]; no empty tensor"),
+    OpSupport("DynamicQuantExt", {A2: ("float16", "bfloat16"), A3: ("float16", "bfloat16")},
+              _DOCS.format("aclnnDynamicQuant", "aclnnDynamicQuant"),
+              mindspore=f"{OPS_ASCEND}: AclnnDynamicQuantExtKernelMod (aclnnDynamicQuant)",
+              ge=f"{GE_ADAPTERS}: OpAdapter<DynamicQuant>",
+              note="per token: scale = max|x| / 127 (float32 [T]), y = round(x / scale) int8"),
+    OpSupport("QuantBatchMatmul", {A2: ("float16", "bfloat16"), A3: ("float16", "bfloat16")},
+              _DOCS.format("aclnnQuantMatmulV4", "aclnnQuantMatmulV4"),
+              mindspore=f"{OPS_ASCEND}: quant_batch_matmul::QuantMatmulV4Ascend (aclnnQuantMatmulV4)",
+              ge=f"{GE_ADAPTERS}: OpAdapter<QuantBatchMatmulV3>",
+              note="int8 x int8, int32 accumulation: (x1 x2 + bias) * scale * pertoken; float32 scale [N] with "
+                   "a float32 per-token scale [M] for float16 outputs, with or without one for bfloat16"),
+    OpSupport("QuantV2", {A2: ALL, A3: ALL}, _DOCS.format("aclnnAscendQuant", "aclnnAscendQuantV3"),
+              mindspore=f"{OPS_ASCEND}: quant_v2::QuantV2Ascend (aclnnAscendQuant)",
+              ge=f"{GE_ADAPTERS}: OpAdapter<AscendQuantV2>",
+              note="y = round(x * scale + offset) saturated to int8; scale and offset along the last dim"),
     OpSupport("GroupedMatmulV4", {A2: ALL, A3: ALL}, _DOCS.format("aclnnGroupedMatmulV4", "aclnnGroupedMatmulV4"),
               mindspore=f"{OPS_ASCEND}: grouped_matmul_v4::GroupedMatmulV4Ascend (aclnnGroupedMatmulV4)",
               note="int8 weights (A16W8): float16/bfloat16 activations, per-channel antiquant scales [E, N] only "
-                   "(per-group is for int4); 310P: listed, with dtypes only in V5's document (float16, weights in NZ "
+                   "(per-group is for int4: A16W4, qint4x2 weights [E, K, N/2], scales and offsets [E, K/g, N]); "
+                   "A8W8: int8 rows, per-channel scales [E, N] (bfloat16 for bfloat16 outputs, float32 for "
+                   "float16) and per-row scales; 310P: listed, with dtypes only in V5's document (float16, weights in NZ "
                    "format, which this graph does not pass)"),
     OpSupport("MoeInitRoutingV2", {A2: ALL, A3: ALL}, _DOCS.format("aclnnMoeInitRoutingV2", "aclnnMoeInitRoutingV2"),
               mindspore=f"{OPS_ASCEND}: moe_init_routing_v2::MoeInitRoutingV2Ascend (aclnnMoeInitRoutingV2)",

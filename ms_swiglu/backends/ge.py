@@ -35,7 +35,7 @@ from ms_swiglu import routing
 from ms_swiglu.backends.composite import _activation_bytes
 from ms_swiglu.backends.matmul import MatMulLinear
 from ms_swiglu.backends.native import AddOp, RMSNormOp
-from ms_swiglu.backends.spec import Backend, Compute, ExpertsOp, Facts, SwiGLUOp
+from ms_swiglu.backends.spec import IN_OUT, Backend, Compute, ExpertsOp, Facts, SwiGLUOp
 from ms_swiglu.errors import InputError
 from ms_swiglu.quant.base import Activation
 from ms_swiglu.routers import SigmoidGroupTopK, SoftmaxTopK
@@ -47,6 +47,8 @@ GE_OPS = frozenset({
     # the dense MLP, the FFN block, int8 weights dequantized in the graph, dynamic shapes
     "Add", "Cast", "Depend", "ExpandDims", "Load", "MakeTuple", "MatMul", "Mul", "ReduceMean", "Reshape", "Rsqrt",
     "Shape", "SiLU", "Split", "TupleGetItem", "UpdateState",
+    # int4 weights unpacked and dequantized in the graph
+    "Concat", "FloorDiv", "FloorMod", "Sub",
     # the routers
     "Div", "GatherD", "Less", "MaskedFill", "MoeGatingTopKSoftmax", "OneHot", "ReduceSum", "Sigmoid", "Tile", "TopK",
     # the routed experts
@@ -144,7 +146,7 @@ class RoutedExperts(ExpertsOp):
         w_gate_up: [E, H, 2I] (columns [gate_e | up_e])    w_down: [E, I, H]    out: [T, H]
     """
 
-    in_out = True
+    form = IN_OUT
     adds_residual = True
 
     def __init__(self, dtype, quant, partial=False):

@@ -9,7 +9,7 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
-from ms_swiglu.backends.spec import ExpertsOp, check_format
+from ms_swiglu.backends.spec import ExpertsOp, WeightForm, check_format
 from ms_swiglu.errors import InputError
 from ms_swiglu.quant.base import Activation
 
@@ -45,6 +45,8 @@ class MatMulLinear(nn.Cell):
         self.mm, self.upcast = ops.MatMul(transpose_b=True), cpu_upcast(dtype, backend)
         self.act = backend.swiglu() if swiglu else None
         self.dtype, self.quant_matmul = dtype, quant_matmul if quant.quantized else None
+        self.form = getattr(self.quant_matmul, "form", None) or WeightForm()  # how the weight is held
+        self.derived = getattr(self.quant_matmul, "derived", ())  # what it takes after the parts
         self.dequantize, self.quantize_x = quant.dequantize_op(), quant.activation_op()
 
     def construct(self, x, w, *aux):

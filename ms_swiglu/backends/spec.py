@@ -93,26 +93,59 @@ def check_format(backend, method):
     return how
 
 
-class ExpertsOp(nn.Cell):
-    """A backend's routed experts. ``in_out``: it holds the stacked weights as [E, in, out] rather than HF's
-    [E, out, in]; :meth:`store` and :meth:`unstore` convert (once, at load), so no layout reaches the Cells."""
+class WeightForm:
+    """How an op holds a weight (a format's weight part), for the loaders to convert to once and the exporter's golden
+    network to convert back from: this base holds it as the format stores it, ``[..., out, in]``. ``store`` and
+    ``unstore`` take an array in the format's storage, or a logical shape ``(..., out, in)``."""
 
-    in_out = False
+    in_out = False  # the op takes [..., in, out]
+    packs = False  # it repacks a packed format along its held last axis (else such formats are refused in_out)
+    dtype = None  # the Parameter's MindSpore dtype; None: the format's part dtype
+
+    def store(self, w):
+        """A weight as the format stores it (an array, or its logical shape) as this op holds it."""
+        if not self.in_out:
+            return w
+        if isinstance(w, tuple):
+            return (*w[:-2], w[-1], w[-2])
+        return np.ascontiguousarray(np.swapaxes(w, -1, -2))
+
+    def unstore(self, w):
+        """The inverse of :meth:`store`."""
+        return self.store(w)
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """A value an op computes once at load from a weight's parts (``{suffix: array}`` as the format stores them)
+    and takes after them, one per output row ``[M]``: e.g. the int32 bias that folds a static activation offset
+    into an integer GEMM. The Cell holds it as ``{weight}{suffix}``."""
+
+    suffix: str
+    dtype: str
+    compute: Callable
+
+
+IN_OUT = type("InOut", (WeightForm,), {"in_out": True, "__doc__": "Weights held [..., in, out]."})()
+
+
+class ExpertsOp(nn.Cell):
+    """A backend's routed experts. ``form`` (:class:`WeightForm`): how it holds the stacked weights, e.g. [E, in,
+    out] rather than HF's [E, out, in]; :meth:`store` and :meth:`unstore` convert (once, at load), so no layout
+    reaches the Cells."""
+
+    form = WeightForm()
     # it takes ``residual`` [T, H] (after the scales) and adds it to the weighted sum itself: the shared expert's
     # output, which GE's MoeFinalizeRouting adds in the same pass
     adds_residual = False
 
     def store(self, w):
         """A stacked weight [E, out, in] (an array, or its shape) as this op holds it."""
-        if not self.in_out:
-            return w
-        if isinstance(w, tuple):
-            return (w[0], w[2], w[1])
-        return np.ascontiguousarray(np.swapaxes(w, 1, 2))
+        return self.form.store(w)
 
     def unstore(self, w):
         """The inverse of :meth:`store`: [E, out, in] again."""
-        return self.store(w)
+        return self.form.unstore(w)
 
 
 class SwiGLUOp(nn.Cell):

@@ -29,15 +29,14 @@ def _open(checkpoint, layer, moe):
     return ckpt, config
 
 
-def layer_state(config, layer, tensors, store=lambda w: w):
-    """``{Cell parameter name: array}`` of a layer's ``{kind: array}`` (the schema's names); ``store``: how the
-    Cell holds stacked experts (a weight's other parts are the same in every layout)."""
+def layer_state(config, layer, tensors):
+    """``{Cell parameter name: array}`` of a layer's ``{kind: array}`` (the schema's names), as the format stores
+    them (``load_weights(..., stored=True)`` converts them to the form the Cell's ops hold)."""
     state = {}
     for spec in layer_tensors(config, layer):
         if spec.kind in tensors:
-            w = tensors[spec.kind]
-            state[spec.param] = store(w) if spec.experts else w
-        for suffix in PART_SUFFIXES:  # the format's other parts: the same in every layout
+            state[spec.param] = tensors[spec.kind]
+        for suffix in PART_SUFFIXES:  # the format's other parts
             if spec.kind + suffix in tensors:
                 state[spec.param + suffix] = tensors[spec.kind + suffix]
     return state
@@ -51,7 +50,7 @@ def load_mlp(checkpoint, layer, *, dtype=None, backend="auto", tp_size=1, rank=0
     with empty_weights():  # (whole on an expert-parallel rank: its layout's tensor-parallel part)
         mlp = PackedSwiGLUMLP(config.hidden_size, config.intermediate_size, dtype=dtype or ckpt_dtype,
                               backend=backend, quant=method, layout=ParallelLayout(layout.tp_size, layout.tp_rank))
-    return load_weights(mlp, layer_state(config, layer, weights))
+    return load_weights(mlp, layer_state(config, layer, weights), stored=True)
 
 
 def load_moe(checkpoint, layer, *, dtype=None, backend="auto", tp_size=1, rank=0, quant=None, ep_size=1,
@@ -65,7 +64,7 @@ def load_moe(checkpoint, layer, *, dtype=None, backend="auto", tp_size=1, rank=0
     with empty_weights():
         moe = PackedMoE(config.hidden_size, m.intermediate_size, m.num_experts, m.top_k, dtype=dtype or ckpt_dtype,
                         backend=backend, quant=method, layout=layout, dispatch=dispatch, **m.block_kwargs())
-    return load_weights(moe, layer_state(config, layer, weights, moe.experts.store))
+    return load_weights(moe, layer_state(config, layer, weights), stored=True)
 
 
 def load_block(checkpoint, layer, *, dispatch="replicated", **kw):

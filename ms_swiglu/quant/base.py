@@ -62,6 +62,9 @@ class QuantMethod:
     zero_point = False  # asymmetric: a zero point per scale
     activation = Activation.NONE
     kernel = None  # the C++ library's row for it (ms_swiglu.backends.cpu.kernels.formats()); None: none
+    # the values a correct device rounds to the activations' dtype per projection, beyond its output (the device
+    # acceptance's chain, ms_swiglu.export.chain): none for float weights
+    roundings = 0
     parts = ()  # its Parts, the weight first; () for the compute dtype
 
     def __repr__(self):
@@ -71,6 +74,11 @@ class QuantMethod:
     def stored(self):
         """The dtype name of the stored weights; None: the compute dtype."""
         return self.parts[0].dtype if self.parts else None
+
+    @property
+    def quantizes_activations(self):
+        """Whether its GEMMs take int8 activations, quantized in the graph (W8A8)."""
+        return self.activation is not Activation.NONE
 
     @property
     def weight_only_int8(self):
@@ -115,26 +123,28 @@ class QuantMethod:
         weight-only formats."""
         return None
 
-    def create_weights(self, cell, name, shape, dtype, stored=None):
+    def create_weights(self, cell, name, shape, dtype, form=None):
         """Set ``cell.{name}`` and one Parameter per part beside it (``cell.{name}{suffix}``) for weights ``shape``
-        ([..., M, K]) computing in ``dtype``; ``stored``: the weight's shape as the Cell holds it, where its backend
-        stores it otherwise (the other parts follow ``shape``). Returns the parts beside the weight, in order."""
+        ([..., M, K]) computing in ``dtype``; ``form``: how the backend's op holds the weight
+        (``ms_swiglu.backends.spec.WeightForm``: its layout and dtype; the other parts are held as the format
+        stores them). Returns the parts beside the weight, in order."""
         from mindspore.common import dtype as mstype  # noqa: PLC0415
 
+        held = form.store(tuple(shape)) if form is not None else tuple(shape)
         if not self.parts:
-            setattr(cell, name, initial.parameter(stored or shape, dtype, name))
+            setattr(cell, name, initial.parameter(held, dtype, name))
             setattr(cell, name + SCALE, None)  # (no scales: readers of a Cell's scales find None)
             return ()
         shapes, made = self.part_shapes(shape), []
         for p in self.parts:
-            s = shapes[p.suffix]
-            if p.suffix == "" and stored and tuple(stored) != tuple(shape):  # the op holds [..., K, M]
-                if p.per != 1:
+            s, kind = shapes[p.suffix], getattr(mstype, p.dtype)
+            if p.suffix == "" and form is not None:
+                if held != tuple(shape) and p.per != 1 and not form.packs:
                     raise InputError(f"{name}: expected weights of one input a value for an op that holds them "
                                      f"transposed, got {self.name} ({p.per} inputs a stored value)")
-                s = stored
+                s, kind = p.shape(held[:-2], *held[-2:]), form.dtype or kind  # packed along the held last axis
             fill = np.ones if p.suffix.endswith("scale") else np.zeros
-            param = initial.parameter(s, getattr(mstype, p.dtype), name + p.suffix, requires_grad=False,
+            param = initial.parameter(s, kind, name + p.suffix, requires_grad=False,
                                       fill=lambda s=s, p=p, fill=fill: fill(s, p.dtype))
             setattr(cell, name + p.suffix, param)
             made.append(param)

@@ -23,13 +23,15 @@ def dequantize_int8(w, aux, dtype):
     return _grouped(w.astype(mstype.float32), aux[0]).astype(dtype)
 
 
+_FLOOR_DIV, _FLOOR_MOD, _CONCAT = ops.FloorDiv(), ops.FloorMod(), ops.Concat(-1)  # (primitives with GE adapters)
+
+
 def unpack_int4(w):
     """[..., M, K/2] uint8, two values a byte (the even input in the low nibble) -> [..., M, K] float32 in 0..15."""
     b = w.astype(mstype.int32)
-    high = ops.floor_divide(b, 16)
-    low = b - high * 16
+    low, high = _FLOOR_MOD(b, 16).expand_dims(-1), _FLOOR_DIV(b, 16).expand_dims(-1)
     shape = ops.shape(w)
-    return ops.stack((low, high), -1).reshape(shape[:-1] + (-1,)).astype(mstype.float32)
+    return _CONCAT((low, high)).reshape(shape[:-1] + (-1,)).astype(mstype.float32)
 
 
 def dequantize_int4(w, aux, dtype):

@@ -37,9 +37,11 @@ class Int4(QuantMethod):
     quantized = True
     bits = 4
     kernel = None  # no row in the C++ library yet: every backend dequantizes it in the graph
+    roundings = 2  # the scale (and offset) in the activations' dtype, the dequantized weight rounded to it
 
     def __init__(self, group, zero_point=False):
         self.group, self.zero_point = group, zero_point
+        self.quantizes = not zero_point  # zero points come from a checkpoint's asymmetric rounding
         self.name = f"int4-g{group}" + ("-zp" if zero_point else "")
         self.parts = (Part("", "uint8", per=2), Part(SCALE, "float32", per=group),
                       *([Part(ZERO, "uint8", per=group)] if zero_point else []))

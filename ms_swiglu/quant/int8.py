@@ -23,6 +23,7 @@ class Int8(QuantMethod):
 
     quantized = True
     bits = 8
+    roundings = 2  # the scale in the activations' dtype, the dequantized weight rounded to it
 
     def __init__(self, name, group=None):
         # the library's row: per row, or grouped (any group size; the scales' shape gives it)

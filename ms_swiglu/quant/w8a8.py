@@ -25,6 +25,9 @@ class W8A8(QuantMethod):
     quantized = True
     bits = 8
     kernel = None  # no int8 x int8 row in the C++ library yet: the backends quantize and multiply in the graph
+    # the per-token scale from the rounded activations (and the weight scale where the op takes it in bfloat16);
+    # the int8 activations' own rounding flips are the chain's ``quantizers`` (ms_swiglu.export.chain)
+    roundings = 1
 
     def __init__(self, activation):
         self.activation = activation

@@ -382,11 +382,12 @@ def test_cli_runs_converts_and_refuses_published_formats(dense_float, tmp_path):
     assert "expected groups in input order" in lines[4][0] and "act-order" in lines[4][0]
 
 
-def test_w8a8_experts_quantize_each_experts_rows_per_token(tmp_path):
-    """Qwen3-MoE in compressed-tensors W8A8 (dynamic per token): each token's routed experts against a NumPy
-    oracle that quantizes x per token and each expert's SwiGLU output per row (as GroupedMatmul's per-token scales
-    do), routed by the block's own float router on the same x. Bound as for the dense MLP: float32's tolerance
-    plus one rounding flip of an activation per projection."""
+@pytest.mark.parametrize("static", [False, True])
+def test_w8a8_experts_quantize_each_experts_rows_per_token(tmp_path, static):
+    """Qwen3-MoE in compressed-tensors W8A8, dynamic per token (each token's x, and each expert's SwiGLU output
+    per row, as GroupedMatmul's per-token scales do) or static (each expert's projections their own calibrated
+    scale): each token's routed experts against a NumPy oracle, routed by the block's own float router on the same
+    x. Bound as for the dense MLP: float32's tolerance plus one rounding flip of an activation per projection."""
     import mindspore as ms
 
     from hf_checkpoint import make_checkpoint
@@ -396,12 +397,15 @@ def test_w8a8_experts_quantize_each_experts_rows_per_token(tmp_path):
     src, dst = tmp_path / "f", tmp_path / "q"
     make_checkpoint(src, model_type="qwen3_moe", hidden=H, inter=64, moe_inter=64, layers=1, experts=4, top_k=2,
                     seed=11, config_extra={"norm_topk_prob": True})
-    values, _ = to_quantized(str(src), str(dst), "ct-w8a8", ignore_extra=["re:.*mlp.gate$"])
+    scales = {f"model.layers.0.mlp.experts.{e}.{k}_proj": 0.015 + 0.002 * e + 0.001 * (k == "down")
+              for e in range(4) for k in ("gate", "up", "down")}  # (gate and up share their input: one scale)
+    values, extra = to_quantized(str(src), str(dst), "ct-w8a8", ignore_extra=["re:.*mlp.gate$"], static=static,
+                                 **({"input_scale": scales} if static else {}))
     x = np.random.default_rng(12).standard_normal((5, H)).astype(np.float32)
     p = "model.layers.0.mlp.experts.{e}.{k}_proj.weight"
     for b in ("composite", "cpu"):
         block = load_moe(str(dst), 0, dtype="float32", backend=b)
-        assert block.quant == "w8a8"
+        assert block.quant == ("w8a8-static" if static else "w8a8")
         weights, ids = (a.asnumpy() for a in block.router(ms.Tensor(x)))
         want = np.zeros((5, H))
         flip = 0.0
@@ -409,10 +413,13 @@ def test_w8a8_experts_quantize_each_experts_rows_per_token(tmp_path):
             for j in range(2):
                 e = int(ids[t, j])
                 w = {k: values[p.format(e=e, k=k)] for k in ("gate", "up", "down")}
-                g, u = (_w8a8_oracle(x[t:t + 1], w[k], None, False) for k in ("gate", "up"))
+                a = {k: (extra["input_scale"][p.format(e=e, k=k)[:-len(".weight")]], 0.0) if static else None
+                     for k in w}
+                g, u = (_w8a8_oracle(x[t:t + 1], w[k], a[k], static) for k in ("gate", "up"))
                 h = (g / (1 + np.exp(-g)) * u).astype(np.float32)
-                want[t] += weights[t, j] * _w8a8_oracle(h, w["down"], None, False)[0]
-                flip = max(flip, np.abs(w["down"]).max() * np.abs(h).max() / 127 * abs(weights[t, j]))
+                want[t] += weights[t, j] * _w8a8_oracle(h, w["down"], a["down"], static)[0]
+                step = a["down"][0] if static else np.abs(h).max() / 127
+                flip = max(flip, np.abs(w["down"]).max() * step * abs(weights[t, j]))
         got = block(ms.Tensor(x)).asnumpy()
         err = np.abs(got - want) - (1e-5 + 1.3e-6 * np.abs(want))
         assert err.max() <= 2 * flip, (b, err.max(), flip)

@@ -10,7 +10,6 @@ from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
 from ms_swiglu.backends.spec import ExpertsOp, WeightForm, check_format
-from ms_swiglu.errors import InputError
 from ms_swiglu.quant.base import Activation
 
 
@@ -78,9 +77,7 @@ class DenseExperts(ExpertsOp):
         self.bmm, self.upcast = ops.BatchMatMul(transpose_b=True), cpu_upcast(dtype, backend)
         self.act = backend.swiglu()
         self.dequantize, self.quantize_x = quant.dequantize_op(), quant.activation_op()
-        if quant.activation is Activation.STATIC:
-            raise InputError(f"MoE experts: expected weight-only or dynamic int8 activations, got {quant.name} "
-                             f"({quant.activation.value})")
+        self.static = quant.activation is Activation.STATIC  # each expert its own activation scale and offset
 
     def construct(self, x, ids, weights, w_gate_up, w_down, a_gate_up=(), a_down=()):
         dtype, (tokens, hidden), experts = x.dtype, ops.shape(x), ops.shape(w_gate_up)[0]
@@ -105,19 +102,29 @@ class DenseExperts(ExpertsOp):
         return (y * dense.expand_dims(-1)).sum(0).astype(dtype)  # -> [T, H]
 
     def _int8(self, x, ids, weights, w_gate_up, w_down, a_gate_up, a_down):
-        """The same with int8 activations: x per token, then each expert's SwiGLU output per row, the integer
-        products summed in float32 and scaled per token and per output row."""
+        """The same with int8 activations: x per token (static: by each expert's scale), then each expert's SwiGLU
+        output per row, the integer products summed in float32 and scaled per token and per output row."""
         dtype, (tokens, hidden), experts = x.dtype, ops.shape(x), ops.shape(w_gate_up)[0]
         f32 = mstype.float32
         one_hot = (ops.arange(experts, dtype=mstype.int32).reshape(experts, 1, 1) == ids.expand_dims(0)).astype(f32)
         dense = (one_hot * weights.expand_dims(0)).sum(-1)  # [E, T]
-        xq, sx = self.quantize_x(x, a_gate_up)  # [T, H], [T, 1]
-        xe = ops.broadcast_to(xq.expand_dims(0), (experts, tokens, hidden))  # [E, T, H]
-        g = self.bmm(xe, w_gate_up.astype(f32)) * sx.expand_dims(0) * a_gate_up[0].expand_dims(1)  # [E, T, 2I]
+        if self.static:  # [E, T, H] by each expert's scale and offset ([E, 1] -> [E, 1, 1]); step 1
+            xe, sx = self.quantize_x(ops.broadcast_to(x.expand_dims(0), (experts, tokens, hidden)),
+                                     self._per_expert(a_gate_up))
+        else:
+            xq, sx = self.quantize_x(x, a_gate_up)  # [T, H], [T, 1]
+            xe, sx = ops.broadcast_to(xq.expand_dims(0), (experts, tokens, hidden)), sx.expand_dims(0)  # [E, T, H]
+        g = self.bmm(xe, w_gate_up.astype(f32)) * sx * a_gate_up[0].expand_dims(1)  # [E, T, 2I]
         h = self.act(g.astype(dtype))  # [E, T, I]
-        hq, sh = self.quantize_x(h, a_down)  # per row of every expert
+        hq, sh = self.quantize_x(h, self._per_expert(a_down) if self.static else a_down)  # per row of every expert
         y = (self.bmm(hq, w_down.astype(f32)) * sh * a_down[0].expand_dims(1)).astype(dtype).astype(f32)
         return (y * dense.expand_dims(-1)).sum(0).astype(dtype)  # -> [T, H]
+
+
+    @staticmethod
+    def _per_expert(aux):
+        """A static format's parts with its activation scale and offset [E, 1] as [E, 1, 1], for [E, T, K] rows."""
+        return (aux[0], aux[1].expand_dims(-1), aux[2].expand_dims(-1))
 
 
 def materialised_bytes(n, hidden, inter, itemsize):

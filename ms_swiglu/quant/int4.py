@@ -36,7 +36,7 @@ class Int4(QuantMethod):
 
     quantized = True
     bits = 4
-    kernel = None  # no row in the C++ library yet: every backend dequantizes it in the graph
+    kernel = "int4-group"  # the C++ library's row (its dense ops; experts dequantized in the graph)
     roundings = 2  # the scale (and offset) in the activations' dtype, the dequantized weight rounded to it
 
     def __init__(self, group, zero_point=False):

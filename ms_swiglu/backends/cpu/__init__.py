@@ -30,9 +30,9 @@ def _linear(dtype, swiglu, quant):
 
 
 def _experts(dtype, quant, partial=False):  # noqa: ARG001 -- both take ids -1 (another rank's) as no expert
-    if check_format(BACKEND, quant) is Compute.KERNEL:
+    if check_format(BACKEND, quant) is Compute.KERNEL and kernels.has_op("MoeGateUpSwiglu", quant):
         return GroupedExperts(dtype, quant, partial)
-    return DenseExperts(BACKEND, dtype, quant)
+    return DenseExperts(BACKEND, dtype, quant)  # (a format row without the MoE ops: its experts in the graph)
 
 
 BACKEND = Backend(

@@ -108,7 +108,15 @@ def op_name(op, quant=None):
         return op
     if method.kernel not in formats():
         raise ValueError(f"op_name: expected a format of the library's rows {formats()}, got {method.name}")
-    return f"Q{op}_{method.kernel.replace('-', '_')}"
+    zp = "_zp" if method.zero_point else ""  # (one registration, so one input count, per aot op name)
+    return f"Q{op}_{method.kernel.replace('-', '_')}{zp}"
+
+
+def has_op(op, quant=None):
+    """Whether the library has the op ``op`` for weights in the format ``quant`` (a format row need not have every
+    op: int4's experts run in the graph)."""
+    method = quant_formats.get(quant)
+    return not method.quantized or (method.kernel in formats() and op_name(op, method) in ops())
 
 
 @functools.cache
@@ -186,7 +194,7 @@ def run(op, *arrays, dtype):
     onednn()
     n = len(arrays)
     names = {np.dtype(np.uint16): _dtype(dtype), np.dtype(np.float16): b"float16", np.dtype(np.float32): b"float32",
-             np.dtype(np.int32): b"int32", np.dtype(np.int8): b"int8"}
+             np.dtype(np.int32): b"int32", np.dtype(np.int8): b"int8", np.dtype(np.uint8): b"uint8"}
     shapes = [(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays]
     status = getattr(_lib(), op)(
         n, (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays]), (ctypes.c_int * n)(*[a.ndim for a in arrays]),

@@ -36,6 +36,7 @@ def swiglu_op():
 
 
 I8, F32, I32 = DataType.I8_Default, DataType.F32_Default, DataType.I32_Default
+_PART_TYPES = {"int8": I8, "uint8": DataType.U8_Default, "float32": F32}  # a format's parts as the ops take them
 
 
 class FusedLinear(nn.Cell):
@@ -45,16 +46,20 @@ class FusedLinear(nn.Cell):
     kernel, per-row scales applied to the float32 sums; per-group scales (int8-g128) dequantize a few rows at a
     time to the dtype the GEMM reads (inference only: no backward).
 
+    int4 weights (``int4-gG``) are read as their bytes, two weights a byte, the nibbles widened in registers at
+    one token and a block of rows dequantized to the GEMM's dtype above it.
+
     Shapes:
-        x: [T, K]    w: [M, K] (int8 with scale [M] or [M, K/128] float32)    out: [T, M], or [T, M/2] with ``swiglu``
+        x: [T, K]    w: [M, K] (int8 with scale [M] or [M, K/128] float32; int4 [M, K/2] uint8 with scale [M, K/G]
+        and zero points [M, K/G] uint8 with -zp)    out: [T, M], or [T, M/2] with ``swiglu``
     """
 
     def __init__(self, dtype, swiglu, quant):
         super().__init__()
         kernels.onednn()  # bind (and check) oneDNN now, not inside the first graph run
         name = "GateUpSwiglu" if swiglu else "Linear"
-        if quant.quantized:  # the ops of the format's row of the library
-            self.op = aot_op(kernels.op_name(name, quant), (F, I8, F32))
+        if quant.quantized:  # the ops of the format's row of the library, on the format's parts
+            self.op = aot_op(kernels.op_name(name, quant), (F, *(_PART_TYPES[p.dtype] for p in quant.parts)))
             return
         f32 = mstype.float32
         mm, mm_ta, mm_tb = ops.MatMul(), ops.MatMul(transpose_a=True), ops.MatMul(transpose_b=True)

@@ -100,12 +100,12 @@ struct SplitX {
 // The weight formats of the linear kernels: float weights in each dtype (numbered as their Dtype), int8 with a
 // scale per row, int8 with a scale per group of k / groups inputs.
 enum WeightFormat { kWeightsF32 = kF32, kWeightsF16 = kF16, kWeightsBF16 = kBF16, kWeightsInt8, kWeightsInt8Group,
-                    kWeightFormats };
+                    kWeightsInt4Group, kWeightFormats };
 // The quantized weight formats the library computes, one row each (as ggml's type traits), by name: the Python
 // side names a format's row (ms_swiglu.quant: QuantMethod.kernel) and calls the ops of that row's name; no format
 // is guessed from a scale's presence. `grouped`: scales [rows, groups], each for k / groups inputs of its row (a
 // row of one group computes as the per-row format: the same products and scale); else one scale per row.
-enum FormatId { kFormatInt8, kFormatInt8Group, kFormats };
+enum FormatId { kFormatInt8, kFormatInt8Group, kFormatInt4Group, kFormats };
 struct FormatRow {
   const char *name;
   int bits;
@@ -137,6 +137,19 @@ struct WeightTraits {
                 const float *scale, int64_t groups);
   // [rows, k] of these weights in dtype d (for oneDNN), exactly; int8 per group times its scales, rounded once
   void (*widen[kDtypes])(const void *src, void *dst, int64_t rows, int64_t k, const float *scale, int64_t groups);
+  // int4 (u in 0..15, two a byte along k, the even input in the low nibble; w = (u - z) * scale, scale and zero
+  // [m, groups], zero nullptr: 8): the skinny kernel (k / groups a multiple of 32), on float32 x and, on
+  // VDPBF16PS, bfloat16 x (k / groups a power of two, 32 or more); and [rows, k] in dtype d, rounded once
+  // x as they read it, prepared once per call (prep_q4: x [n, k] -> [n, k] and each group's sum [n, groups])
+  template <typename X>
+  using SkinnyQ4 = void (*)(const X *xp, const float *sums, int64_t n, int64_t k, const void *w, int64_t m,
+                            float *y, int64_t ldy, const float *scale, const uint8_t *zero, int64_t groups);
+  SkinnyQ4<float> skinny_q4;
+  SkinnyQ4<bf16> skinny_bf16_q4;
+  void (*prep_q4)(const float *x, int64_t n, int64_t k, int64_t groups, float *xp, float *sums);
+  void (*prep_bf16_q4)(const bf16 *x, int64_t n, int64_t k, int64_t groups, bf16 *xp, float *sums);
+  void (*widen_q4[kDtypes])(const void *src, void *dst, int64_t rows, int64_t k, const float *scale,
+                            const uint8_t *zero, int64_t groups);
 };
 
 struct SkinnyTiles;

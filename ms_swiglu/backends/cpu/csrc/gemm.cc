@@ -52,6 +52,10 @@ struct Op {
   const float *scale;  // int8 weights: their scales [m, groups]; nullptr: weights in dtype d
   int64_t groups;
   const WeightTraits *wk = nullptr;  // the ISA's kernels for the weights' format
+  int bits = 8;  // of a quantized weight (int4: two a byte)
+  const uint8_t *zero = nullptr;  // int4's zero points [m, groups]; nullptr: 8
+  const void *q4x = nullptr;  // int4 at one token: x as its skinny kernel reads it (WeightTraits::prep_q4) and
+  const float *q4sums = nullptr;  // each group's sum of x
   // one token of 16-bit x with int8 weights: x split in int16 parts for the ISA's integer dot (WeightTraits::
   // split_x), which reads the int8 rows faster than the float32 FMA kernel. Not float32 x: its 24-bit significands
   // leave residuals wherever |x| < max |x| / 64 on VPDPWSSD, and would round past float32's own precision on VPMADDWD.
@@ -62,7 +66,7 @@ struct Op {
   int a_d() const { return a_dtype(d); }  // x as oneDNN's source operand
   int w_d() const { return w_dtype(d); }  // the weights as oneDNN's operand (int8: widened to it)
   int sx_d() const { return w_d() == d ? d : kF32; }  // x as the swapped path's weights operand
-  bool grouped() const { return scale && groups > 1; }  // int8 weights with group-wise scales
+  bool grouped() const { return scale && (groups > 1 || bits == 4); }  // weights with group-wise scales
   bool decompress() const {
     return scale && !grouped() && n <= kTuning.onednn_int8_max && onednn::takes_q8(a_d());
   }
@@ -71,12 +75,17 @@ struct Op {
   }
   // the skinny kernel reads x as it is: bfloat16 x on VDPBF16PS (int8 weights widened to bfloat16 in registers)
   bool bf16_dot() const {
+    if (bits == 4) {  // int4: groups of 2^j >= 32 inputs in chunks of 128 (isa_linear.inc: skinny_bf16_q4)
+      const int64_t g = k / groups;
+      return d == kBF16 && wk->skinny_bf16_q4 && g >= 32 && (g & (g - 1)) == 0 && k % 128 == 0;
+    }
     return d == kBF16 && wk->skinny_bf16 && (!scale || n >= kTuning.bf16_dot_int8_from);
   }
   // whether the path's kernel takes the weights' group-wise scales itself (else stream_grouped dequantizes first)
   bool takes_groups() const {
     const int64_t g = k / groups;
     const bool pow2 = (g & (g - 1)) == 0;
+    if (bits == 4) return path == kSkinny && n == 1 && g % 32 == 0;  // (the int4 skinny range: one token)
     if (path == kPanel) return true;
     if (path != kSkinny) return false;
     return bf16_dot() ? g >= 32 && pow2 : g % 16 == 0 && (n == 1 || pow2);
@@ -85,10 +94,16 @@ struct Op {
   const void *a() const { return as(a_d()); }
   size_t es() const { return dtype_size(d); }
   size_t yes() const { return dtype_size(yd); }
-  size_t ws() const { return scale ? 1 : es(); }  // bytes per weight
-  const char *row(const void *w, int64_t r) const { return static_cast<const char *>(w) + r * k * ws(); }
-  // the group-wise scales of the rows from r on; nullptr for other weights
+  size_t row_bytes() const { return scale ? size_t(k) * bits / 8 : k * es(); }
+  const char *row(const void *w, int64_t r) const { return static_cast<const char *>(w) + r * row_bytes(); }
+  // the group-wise scales (and int4's zero points) of the rows from r on; nullptr for other weights
   const float *scales(int64_t r) const { return grouped() ? scale + r * groups : nullptr; }
+  const uint8_t *zeros(int64_t r) const { return zero ? zero + r * groups : nullptr; }
+  // [rows, k] of the quantized rows from r in dtype wd, rounded once (group-wise scales, int4)
+  void widen(int wd, const void *w, int64_t r, int64_t rows, void *to) const {
+    if (bits == 4) return wk->widen_q4[wd](row(w, r), to, rows, k, scales(r), zeros(r), groups);
+    wk->widen[wd](row(w, r), to, rows, k, scales(r), groups);
+  }
   // c[t * ldc + j] *= scale[r0 + j]: int8 weights' per-row scales, applied to the float32 sums
   void rescale(int64_t r0, int64_t rows, float *c, int64_t ldc, bool transposed = false) const {
     if (!scale || grouped()) return;
@@ -106,6 +121,12 @@ struct Op {
     const void *w_rows = row(w, r0);
     const float *sc = scales(r0);
     const int64_t gs = grouped() ? groups : 1;
+    if (bits == 4) {  // (one token on the skinny path: takes_groups)
+      if (bf16_dot())
+        return wk->skinny_bf16_q4(static_cast<const bf16 *>(q4x), q4sums, n, k, w_rows, rows, c, ldc, sc, zeros(r0),
+                                  gs);
+      return wk->skinny_q4(static_cast<const float *>(q4x), q4sums, n, k, w_rows, rows, c, ldc, sc, zeros(r0), gs);
+    }
     if (path == kAmx && scale) {  // int8 on tiles: widened to bfloat16 as the panels are packed
       amx::rows(xv, n, k, static_cast<const int8_t *>(w_rows), rows, c, ldc, xsum);
     } else if (path == kAmx) {
@@ -125,7 +146,7 @@ struct Op {
   // calling thread (in L2, half a page from the x the kernel reads), each piece streamed as weights of dtype d
   void stream_grouped(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
     Op f = *this;
-    f.scale = nullptr;
+    f.scale = nullptr, f.zero = nullptr, f.bits = 8;
     f.wk = &ik->weights[d];
     const int64_t piece = std::max<int64_t>(16, kTuning.dequant_bytes / (k * es()) / 16 * 16);  // (amx: m % 16 == 0)
     thread_local std::vector<char> buf;  // grown once per calling thread
@@ -133,7 +154,7 @@ struct Op {
     char *to = buf.data() + half_page_from(f.bf16_dot() ? x : static_cast<const void *>(xf), buf.data());
     for (int64_t i0 = 0; i0 < rows; i0 += piece) {
       const int64_t p = std::min(piece, rows - i0);
-      wk->widen[d](row(w, r0 + i0), to, p, k, scales(r0 + i0), groups);
+      widen(d, w, r0 + i0, p, to);
       f.stream(to, 0, p, c + i0, ldc);
     }
   }
@@ -170,7 +191,7 @@ bool gemm_block(const Op &op, bool swap, const void *w, int64_t r0, int64_t rows
   wide.resize(std::max(wide.size(), size_t(rows * op.k * wes)));
   char *buf = wide.data();  // (the pool's threads have their own `wide`)
   parallel_ranges(rows, [&](int64_t i0, int64_t i1) {
-    op.wk->widen[wd](op.row(w, r0 + i0), buf + i0 * op.k * wes, i1 - i0, op.k, op.scales(r0 + i0), op.groups);
+    op.widen(wd, w, r0 + i0, i1 - i0, buf + i0 * op.k * wes);
   }, kSerialElements / std::max<int64_t>(op.k, 1));
   if (!gemm(buf, rows, c)) return false;
   op.rescale(r0, rows, c, swap ? op.n : ldc, swap);
@@ -198,6 +219,8 @@ bool run(const Linear &call, const void *w, int64_t rows, const Body &body) {
   Op op{call.d, call.yd < 0 ? call.d : call.yd, call.x, nullptr, nullptr, nullptr, call.n, call.k,
         path(call.d, call.n, call.expert, call.format == kFormatInt8), &isa(), call.scale, call.groups};
   op.wk = &op.ik->weights[call.format < 0 ? WeightFormat(op.d) : kFormatRows[call.format].weights];
+  op.bits = call.format < 0 ? 8 : kFormatRows[call.format].bits;
+  op.zero = call.zero;
   if (op.path == kAmx && !amx::takes(op.k, rows)) op.path = kSkinny;
   amx::TileVector<uint16_t> xv;
   if (op.path == kAmx) {
@@ -235,6 +258,18 @@ bool run(const Linear &call, const void *w, int64_t rows, const Body &body) {
       op.x = placed(op.x, op.n * op.k * op.es(), w);
     else
       op.xf = static_cast<const float *>(placed(op.xf, op.n * op.k * sizeof(float), w));
+  }
+  thread_local std::vector<char> q4x;  // grown once per calling thread
+  thread_local std::vector<float> q4sums;
+  if (op.bits == 4 && op.takes_groups()) {  // int4 at one token: x prepared once for every row block
+    q4sums.resize(op.n * op.groups);
+    q4x.resize(op.n * op.k * (op.bf16_dot() ? sizeof(bf16) : sizeof(float)));
+    if (op.bf16_dot())
+      op.wk->prep_bf16_q4(static_cast<const bf16 *>(op.x), op.n, op.k, op.groups,
+                          reinterpret_cast<bf16 *>(q4x.data()), q4sums.data());
+    else
+      op.wk->prep_q4(op.xf, op.n, op.k, op.groups, reinterpret_cast<float *>(q4x.data()), q4sums.data());
+    op.q4x = q4x.data(), op.q4sums = q4sums.data();
   }
   SplitX split;
   if (op.path == kSkinny && op.n == 1 && op.d != kF32 && op.wk->split_x && op.wk->split_x(op.xf, op.k, split))

@@ -38,6 +38,10 @@ struct Linear {
   const float *scale = nullptr;
   int64_t groups = 1;
   int format = -1;  // the weights' FormatId (common.h); -1: weights in dtype d
+  // int4 (int4-group): w [m, k / 2], two a byte along k; w[j, i] = (u - zero[j, i / g]) * scale[j, i / g], g =
+  // k / groups; zero nullptr: 8. At one token the skinny kernels take the nibbles in registers; elsewhere the rows
+  // are dequantized a block at a time into the dtype the GEMM reads.
+  const uint8_t *zero = nullptr;
 };
 
 bool linear(const Linear &op, const void *w, int64_t m, void *y);               // y [n, m] = x w^T

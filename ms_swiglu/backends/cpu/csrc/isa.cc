@@ -15,7 +15,8 @@
 namespace msw {
 
 const char *const kDtypeNames[kDtypes] = {"float32", "float16", "bfloat16"};
-const FormatRow kFormatRows[kFormats] = {{"int8", 8, false, kWeightsInt8}, {"int8-group", 8, true, kWeightsInt8Group}};
+const FormatRow kFormatRows[kFormats] = {{"int8", 8, false, kWeightsInt8}, {"int8-group", 8, true, kWeightsInt8Group},
+                                         {"int4-group", 4, true, kWeightsInt4Group}};
 
 int dtype_index(const char *name) {
   const std::string d(name);

@@ -9,7 +9,8 @@
 //                    y[t] = sum_j weights[t, j] * (h[row of (t, j)] w_down,e^T), summed in float32
 //
 //   Q{op}_{format}: the same four with quantized weights of a format of common.h's kFormatRows, its name's
-//                    '-' as '_' (QLinear_int8, QMoeDownCombine_int8_group): w int8 followed by its float32
+//                    '-' as '_' (QLinear_int8, QMoeDownCombine_int8_group; int4-group: the dense two, w uint8
+//                    [M, K/2], then scale [M, G] and, QLinear_int4_group_zp, zero points [M, G] uint8): w int8 followed by its float32
 //                    scales: per row (int8: scale [M]; the Moe ops [E, 2I] and [E, H]), w[row] = scale[row] *
 //                    q[row], widened exactly; or per group of K / G inputs (int8-group: scale [M, G]; [E, 2I, G],
 //                    [E, H, G]), msw::Linear::scale. (Each its own name: MindSpore keeps one registration per aot
@@ -36,7 +37,8 @@ const char *const kOps[] = {"SwigluFwd",       "SwigluBwd",      "Linear",      
                             "MoeGateUpSwiglu", "MoeDownCombine", "RmsNorm",          "Add",
                             "QLinear_int8",         "QGateUpSwiglu_int8",  "QMoeGateUpSwiglu_int8",
                             "QMoeDownCombine_int8", "QLinear_int8_group",  "QGateUpSwiglu_int8_group",
-                            "QMoeGateUpSwiglu_int8_group", "QMoeDownCombine_int8_group"};
+                            "QMoeGateUpSwiglu_int8_group", "QMoeDownCombine_int8_group", "QLinear_int4_group",
+                            "QGateUpSwiglu_int4_group", "QLinear_int4_group_zp", "QGateUpSwiglu_int4_group_zp"};
 constexpr int kNumOps = sizeof kOps / sizeof kOps[0];
 std::atomic<int64_t> g_launches[kNumOps];
 
@@ -61,24 +63,31 @@ void rows_inter(int ndim, const int64_t *shape, int64_t *rows, int64_t *inter) {
   *inter = ndim > 0 ? shape[ndim - 1] / 2 : 0;
 }
 
-// (x [..., k], w [m, k]) of a linear op; false when they do not fit.
-bool linear_shapes(int *ndims, int64_t **shapes, int64_t *n, int64_t *k, int64_t *m) {
-  if (ndims[0] < 1 || ndims[1] != 2 || shapes[0][ndims[0] - 1] != shapes[1][1]) return false;
+// (x [..., k], w [m, k]; int4 [m, k / 2]) of a linear op of weights of `bits`; false when they do not fit.
+bool linear_shapes(int *ndims, int64_t **shapes, int64_t *n, int64_t *k, int64_t *m, int bits = 8) {
+  const int64_t per = bits == 4 ? 2 : 1;  // weights a stored element
+  if (ndims[0] < 1 || ndims[1] != 2 || shapes[0][ndims[0] - 1] != shapes[1][1] * per) return false;
   *n = 1;
   for (int i = 0; i + 1 < ndims[0]; ++i) *n *= shapes[0][i];
-  *k = shapes[1][1];
+  *k = shapes[1][1] * per;
   *m = shapes[1][0];
   return true;
 }
 
 bool is(const char *dtype, const char *name) { return std::string(dtype) == name; }
 
-// Whether an op of format `fmt` (-1: float) gets what it takes: the weights at params[w] int8 with float32 scales
-// after them (nparam: the op's count with scales) for a format, in the float dtype without them for -1: 1 or 0,
-// or -1 when they do not fit.
+// Whether an op of format `fmt` (-1: float) gets what it takes: the weights at params[w] in the format's container
+// (int8; int4: uint8 bytes) with float32 scales after them (nparam: the op's count with scales; int4: and
+// optionally uint8 zero points after the scales) for a format, in the float dtype without them for -1: 1 (2: with
+// zero points) or 0, or -1 when they do not fit.
 int quantized(int fmt, int nparam, const char **dtypes, int w, int with_scales) {
   if (fmt < 0) return nparam == with_scales - 1 ? 0 : -1;
-  return nparam == with_scales && is(dtypes[w], "int8") && msw::dtype_index(dtypes[w + 1]) == msw::kF32 ? 1 : -1;
+  const bool int4 = msw::kFormatRows[fmt].bits == 4;
+  const bool zero = int4 && nparam == with_scales + 1 && is(dtypes[w + 2], "uint8");
+  if (nparam != with_scales + (zero ? 1 : 0) || !is(dtypes[w], int4 ? "uint8" : "int8") ||
+      msw::dtype_index(dtypes[w + 1]) != msw::kF32)
+    return -1;
+  return zero ? 2 : 1;
 }
 
 // The groups of format `fmt`'s scales with `lead` leading dimensions (lead_dims), then the weights' rows (one scale
@@ -92,9 +101,9 @@ int64_t scale_groups(int fmt, int ndim, const int64_t *shape, int lead, const in
   return shape[lead] >= 1 && k % shape[lead] == 0 ? shape[lead] : 0;
 }
 
-// The format a call computes as: a grouped row of one group per row is the per-row format.
+// The format a call computes as: a grouped int8 row of one group per row is the per-row format.
 int computed_format(int fmt, int64_t groups) {
-  return fmt >= 0 && msw::kFormatRows[fmt].grouped && groups == 1 ? msw::kFormatInt8 : fmt;
+  return fmt == msw::kFormatInt8Group && groups == 1 ? msw::kFormatInt8 : fmt;
 }
 
 // A linear op's call (x, w, y) or, int8, (x, w, scale, y): 0, or the aot status code. `packed`: w is
@@ -107,9 +116,11 @@ int run_linear(int fmt, int nparam, void **params, int *ndims, int64_t **shapes,
   const int d = msw::dtype_index(dtypes[0]), y = nparam - 1;
   if (d < 0 || !is(dtypes[y], dtypes[0]) || (!q && !is(dtypes[1], dtypes[0]))) return 2;
   int64_t n, k, m;
-  if (!linear_shapes(ndims, shapes, &n, &k, &m) || (packed && m % 2)) return 3;
+  if (!linear_shapes(ndims, shapes, &n, &k, &m, fmt < 0 ? 8 : msw::kFormatRows[fmt].bits) || (packed && m % 2))
+    return 3;
   const int64_t groups = q ? scale_groups(fmt, ndims[2], shapes[2], 1, &m, k) : 1;
   if (groups < 1) return 3;
+  if (q == 2 && (ndims[3] != 2 || shapes[3][0] != m || shapes[3][1] != groups)) return 3;  // zero points
   const int64_t out = packed ? m / 2 : m;
   if (n * out == 0) return 0;
   if (k == 0) {
@@ -118,6 +129,7 @@ int run_linear(int fmt, int nparam, void **params, int *ndims, int64_t **shapes,
   }
   msw::Linear call{d, params[0], n, k};
   call.scale = q ? static_cast<const float *>(params[2]) : nullptr;
+  call.zero = q == 2 ? static_cast<const uint8_t *>(params[3]) : nullptr;
   call.groups = groups;
   call.format = computed_format(fmt, groups);
   return body(call, params[1], out, params[y]) ? 0 : 4;
@@ -343,6 +355,12 @@ extern "C" {
 
 MSW_GEMM_OPS(Linear, linear_op, linear_shape)
 MSW_GEMM_OPS(GateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
+// int4: the dense ops (its experts run in the graph: no MoE op of the row), without and with zero points (_zp:
+// MindSpore keeps one registration, so one input count, per name)
+MSW_GEMM_OP(QLinear_int4_group, linear_op, linear_shape, msw::kFormatInt4Group)
+MSW_GEMM_OP(QGateUpSwiglu_int4_group, gate_up_swiglu_op, gate_up_shape, msw::kFormatInt4Group)
+MSW_GEMM_OP(QLinear_int4_group_zp, linear_op, linear_shape, msw::kFormatInt4Group)
+MSW_GEMM_OP(QGateUpSwiglu_int4_group_zp, gate_up_swiglu_op, gate_up_shape, msw::kFormatInt4Group)
 MSW_GEMM_OPS(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
 MSW_GEMM_OPS(MoeDownCombine, moe_down_combine_op, moe_down_shape)
 #undef MSW_GEMM_OPS

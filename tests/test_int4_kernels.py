@@ -1,0 +1,95 @@
+"""The cpu library's int4 row (``int4-group``: QLinear_int4_group, QGateUpSwiglu_int4_group) against NumPy on every
+instruction set the CPU has (conftest.on_isa: the others skip naming theirs): one token on the skinny kernels (the
+nibbles widened in registers: float32 FMAs, or bfloat16 x on VDPBF16PS with the weights as 128 + u), more tokens on
+the rows dequantized a block at a time into the GEMM's dtype. Groups of 32, 64, 128 and whole rows, with and without
+zero points; k that no chunk of 128 divides (the VDPBF16PS kernel's unit: the float kernel then), and 0, 1, 2, 9 and
+40 tokens. Reference: the format's NumPy decoding (ms_swiglu.quant.int4), rounded to the dtype where the kernels
+dequantize into it (above one token), and the GEMM in float64."""
+import numpy as np
+import pytest
+
+from conftest import ISAS, assert_close, on_isa, ref_swiglu
+from ms_swiglu.backends.cpu import kernels
+from ms_swiglu.checkpoint import from_bf16_bits, to_bf16_bits
+from ms_swiglu.quant.int4 import Int4, pack_int4
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _weights(m, k, group, zero_point, seed):
+    """(packed u [m, k/2], scale [m, k/g] float32, zero [m, k/g] uint8 or None, w float64 [m, k]) with outputs O(1)
+    on O(1) inputs; u over all of 0..15 (the nibbles' ends)."""
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, 16, (m, k)).astype(np.uint8)
+    u[0, :2], u[1, :2] = 0, 15
+    groups = k // group
+    scale = (rng.uniform(0.5, 1.5, (m, groups)) / (4 * np.sqrt(k))).astype(np.float32)
+    zero = rng.integers(0, 16, (m, groups)).astype(np.uint8) if zero_point else None
+    parts = {"": pack_int4(u), "_scale": scale, **({"_zero": zero} if zero_point else {})}
+    return parts[""], scale, zero, Int4(group, zero_point).decode(parts).astype(np.float64)
+
+
+def _x(n, k, dtype, seed):
+    """x [n, k] in the dtype (bfloat16 as its bits) and its exact values in float64."""
+    x = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = to_bf16_bits(x)
+        return bits, from_bf16_bits(bits).astype(np.float64)
+    x = x.astype(kernels.NP_DTYPES[dtype])
+    return x, x.astype(np.float64)
+
+
+def _as_read(w64, dtype, n):
+    """The weights as the path of ``n`` tokens reads them: exactly at one token (the skinny kernels apply the
+    scales to each group's float32 sum) and where oneDNN reads float32 rows (16-bit dtypes it has no matmul for
+    here); else (u - z) * scale rounded once to the dtype (as Ascend's antiquant does), exact products after."""
+    taken = kernels.path(dtype, n, "int4-g128")
+    if n == 1 or (kernels.tuning()["onednn_float32_for"][dtype] and taken in ("onednn", "onednn-swapped")):
+        return w64
+    if dtype == "bfloat16":
+        return from_bf16_bits(to_bf16_bits(w64.astype(np.float32))).astype(np.float64)
+    return w64.astype(kernels.NP_DTYPES[dtype]).astype(np.float64)
+
+
+def _out(y, dtype):
+    return from_bf16_bits(y).astype(np.float64) if dtype == "bfloat16" else y.astype(np.float64)
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int4_rows_against_numpy_on_every_isa(isa, dtype):
+    np_dtype = kernels.NP_DTYPES[dtype]
+    with on_isa(isa):
+        for k, group, m in ((256, 32, 48), (256, 64, 32), (512, 128, 40), (128, 128, 36), (96, 32, 34),
+                            (320, 64, 32)):  # (96 and 320: no chunk of 128; 128: one group a row)
+            for zero_point in (False, True):
+                w, scale, zero, w64 = _weights(m, k, group, zero_point, seed=k + group + zero_point)
+                parts = (w, scale) + ((zero,) if zero_point else ())
+                for n in (1, 2, 9, 40):
+                    x, x64 = _x(n, k, dtype, seed=n)
+                    z = x64 @ _as_read(w64, dtype, n).T
+                    what = f"{isa} {dtype} k={k} g={group} zp={zero_point} n={n}"
+                    zp = "_zp" if zero_point else ""
+                    y = kernels.run(f"QLinear_int4_group{zp}", x, *parts, np.zeros((n, m), np_dtype), dtype=dtype)
+                    assert_close(_out(y, dtype), z, dtype, f"Linear {what}")
+                    h = kernels.run(f"QGateUpSwiglu_int4_group{zp}", x, *parts, np.zeros((n, m // 2), np_dtype),
+                                    dtype=dtype)
+                    assert_close(_out(h, dtype), ref_swiglu(z), dtype, f"GateUpSwiglu {what}")
+
+
+def test_no_token_and_bad_parts_are_refused_by_status():
+    """No token: an empty output and status 0. The library refuses (ValueError naming the status) int8 weights
+    for the int4 op (1), scales of another group count than the rows' (3), and zero points shaped otherwise than
+    the scales (3)."""
+    w, scale, zero, _ = _weights(32, 128, 32, True, seed=1)
+    x = np.zeros((0, 128), np.float32)
+    assert kernels.run("QLinear_int4_group_zp", x, w, scale, zero, np.zeros((0, 32), np.float32),
+                       dtype="float32").shape == (0, 32)
+    x = np.ones((1, 128), np.float32)
+    out = np.zeros((1, 32), np.float32)
+    with pytest.raises(ValueError, match="status 1"):
+        kernels.run("QLinear_int4_group", x, w.view(np.int8), scale, out, dtype="float32")
+    with pytest.raises(ValueError, match="status 3"):
+        kernels.run("QLinear_int4_group", x, w, scale[:, :3], out, dtype="float32")
+    with pytest.raises(ValueError, match="status 3"):
+        kernels.run("QLinear_int4_group_zp", x, w, scale, zero[:, :2], out, dtype="float32")

@@ -174,10 +174,10 @@ def expected_tables(tool, data):
         for r in data["speed"]:
             def row(calls, b, q, speedup, paired="-", ceiling="-"):
                 return {"N": str(r["tokens"]), "format": "int8", "calls": calls, "bfloat16 ms": f"{b['median_ms']:.2f}",
-                        "int8 ms": f"{q['median_ms']:.2f}", "speed-up": _x(speedup), "paired (p10-p90)": paired,
-                        "at int8's ceiling": ceiling,
+                        "quantized ms": f"{q['median_ms']:.2f}", "speed-up": _x(speedup), "paired (p10-p90)": paired,
+                        "at its ceiling": ceiling,
                         "bfloat16 of read": f"{b['fraction_of_read']:.0%}" if "fraction_of_read" in b else "-",
-                        "int8 of read": f"{q['fraction_of_read']:.0%}" if "fraction_of_read" in q else "-"}
+                        "quantized of read": f"{q['fraction_of_read']:.0%}" if "fraction_of_read" in q else "-"}
             for suffix, label in (("", "graph, dynamic shapes"), (" static", "graph, static shapes")):
                 s = r["int8/bf16 speedup" + suffix]
                 rows.append(row(label, r["bfloat16" + suffix], r["int8" + suffix], s["median"], _paired(s["paired"]),

@@ -219,12 +219,12 @@ def _quants(row):
 
 
 def quant_tables(data):
-    """bench_quant: per N, int8 format and calls (the graph with dynamic / static shapes, the library's calls, each
-    projection alone at N=1), bfloat16's and int8's median, the speed-up, paired by round, at int8's ceiling, and
-    the fractions of the read probe; the accuracy table where it ran."""
+    """bench_quant: per N, quantized format and calls (the graph with dynamic / static shapes, the library's calls,
+    each projection alone at N=1), bfloat16's and the format's median, the speed-up, paired by round, at the
+    format's ceiling, and the fractions of the read probe; the accuracy table where it ran."""
     columns = [("N", True, False), ("format", False, False), ("calls", False, False), ("bfloat16 ms", True, False),
-               ("int8 ms", True, False), ("speed-up", True, False), ("paired (p10-p90)", True, True),
-               ("at int8's ceiling", True, True), ("bfloat16 of read", True, True), ("int8 of read", True, True),
+               ("quantized ms", True, False), ("speed-up", True, False), ("paired (p10-p90)", True, True),
+               ("at its ceiling", True, True), ("bfloat16 of read", True, True), ("quantized of read", True, True),
                ("flag", False, True)]
     rows = []
     for row in data["speed"]:

@@ -94,7 +94,7 @@ def test_a_split_that_cuts_a_group_or_a_byte_is_refused_with_the_numbers():
 
 def test_backends_declare_how_they_compute_each_format():
     """As data: the cpu backend runs the formats of its library's rows on its kernels (int8 per row, and per group
-    of any size; int4's dense projections) and dequantizes the others in the graph; ascend's quantized matmuls take weight-only int8, int4 in
+    of any size; int4) and dequantizes the others in the graph; ascend's quantized matmuls take weight-only int8, int4 in
     groups of a multiple of 32 and W8A8, and refuse the rest; ge dequantizes weight-only formats and refuses int8
     activations; composite dequantizes every one."""
     from ms_swiglu.backends.cpu import kernels
@@ -136,7 +136,7 @@ def test_the_library_takes_each_format_by_its_rows_name_only():
     assert kernels.op_name("GateUpSwiglu", "int4-g32-zp") == "QGateUpSwiglu_int4_group_zp"
     with pytest.raises(ValueError, match="expected a format of the library's rows"):
         kernels.op_name("Linear", "w8a8")
-    assert not kernels.has_op("MoeGateUpSwiglu", "int4-g128")  # (its experts: in the graph)
+    assert kernels.has_op("MoeDownCombine", "int4-g128") and not kernels.has_op("MoeDownCombine", "w8a8")
 
 
 # ---- the published formats, read from checkpoints written by tests/quant_checkpoint.py ----------------------------

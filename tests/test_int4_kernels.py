@@ -93,3 +93,42 @@ def test_no_token_and_bad_parts_are_refused_by_status():
         kernels.run("QLinear_int4_group", x, w, scale[:, :3], out, dtype="float32")
     with pytest.raises(ValueError, match="status 3"):
         kernels.run("QLinear_int4_group_zp", x, w, scale, zero[:, :2], out, dtype="float32")
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_int4_experts_against_numpy_on_every_isa(isa):
+    """QMoeGateUpSwiglu / QMoeDownCombine over stacked int4 experts (with zero points: the _zp ops) against NumPy:
+    each row's expert, its SwiGLU, the down projection and the weighted sum of every token's k rows; 1 and 9
+    tokens (one row per expert at most, and several), an id -1 (another rank's expert) adding nothing."""
+    e, k_top, hidden, inter, group = 4, 2, 128, 64, 32
+    with on_isa(isa):
+        for dtype in ("float32", "bfloat16"):
+            np_dtype = kernels.NP_DTYPES[dtype]
+            gu = [_weights(2 * inter, hidden, group, True, seed=10 + i) for i in range(e)]
+            dn = [_weights(hidden, inter, group, True, seed=20 + i) for i in range(e)]
+            stack = [np.stack([p[j] for p in parts]) for parts in (gu, dn) for j in range(3)]
+            for n in (1, 9):
+                x, x64 = _x(n, hidden, dtype, seed=30 + n)
+                rng = np.random.default_rng(n)
+                ids = np.stack([rng.permutation(e)[:k_top] for _ in range(n)]).astype(np.int32)
+                ids[0, 1] = -1
+                weights = rng.uniform(0.2, 1, (n, k_top)).astype(np.float32)
+                h = kernels.run("QMoeGateUpSwiglu_int4_group_zp", x, ids, *stack[:3],
+                                np.zeros((n * k_top, inter), np_dtype), dtype=dtype)
+                y = kernels.run("QMoeDownCombine_int4_group_zp", h, ids, weights, *stack[3:],
+                                np.zeros((n, hidden), np_dtype), dtype=dtype)
+                want = np.zeros((n, hidden))
+                for t in range(n):
+                    for j in range(k_top):
+                        if ids[t, j] < 0:
+                            continue
+                        rows = 1 if n == 1 else n  # the path each expert's rows take: their own count
+                        a = ref_swiglu(x64[t] @ _as_read(gu[ids[t, j]][3], dtype, rows).T)
+                        a = _out(_to_dtype(a, dtype), dtype)  # h is stored in the dtype
+                        want[t] += weights[t, j] * (a @ _as_read(dn[ids[t, j]][3], dtype, rows).T)
+                assert_close(_out(y, dtype), want, dtype, f"{isa} {dtype} n={n}")
+
+
+def _to_dtype(a, dtype):
+    """float64 values as the dtype holds them (bfloat16 as its bits)."""
+    return to_bf16_bits(a.astype(np.float32)) if dtype == "bfloat16" else a.astype(kernels.NP_DTYPES[dtype])

@@ -89,12 +89,13 @@ class GroupedExperts(ExpertsOp):
         x: [T, H]    ids: [T, k] int32    weights: [T, k] float32
         w_gate_up: [E, 2I, H] (each [gate_e; up_e])    w_down: [E, H, I]    out: [T, H]
         int8: w_* int8, s_gate_up: [E, 2I] float32, s_down: [E, H] float32 (int8-g128: [E, 2I, H/128], [E, H, I/128])
+        int4: w_* uint8 [E, 2I, H/2], [E, H, I/2] with scales (and zero points) [E, 2I, H/G], [E, H, I/G]
     """
 
     def __init__(self, dtype, quant, partial=False):  # noqa: ARG002 -- the kernels skip -1 ids
         super().__init__()
         kernels.onednn()
-        w = (I8, F32) if quant.quantized else (F,)
+        w = tuple(_PART_TYPES[p.dtype] for p in quant.parts) if quant.quantized else (F,)
         self.gate_up = aot_op(kernels.op_name("MoeGateUpSwiglu", quant), (F, I32, *w))  # -> [T k, I], grouped rows
         self.down = aot_op(kernels.op_name("MoeDownCombine", quant), (F, I32, F32, *w))
 

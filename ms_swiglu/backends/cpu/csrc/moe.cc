@@ -68,11 +68,11 @@ bool for_experts(const Groups &g, int64_t experts, const Body &body) {
 
 bool moe_gate_up_swiglu(int d, const void *x, const int32_t *ids, int64_t tokens, int64_t k, const void *w,
                         int64_t experts, int64_t hidden, int64_t inter, void *h, const float *scale,
-                        int64_t groups, int format) {
+                        int64_t groups, int format, const uint8_t *zero) {
   const int64_t rows = tokens * k;
   Groups g;
   if (!group(ids, rows, experts, &g)) return false;
-  const size_t es = dtype_size(d), ws = scale ? 1 : es;  // bytes per activation, per weight
+  const size_t es = dtype_size(d), wbits = scale ? kFormatRows[format].bits : 8 * es;  // per activation, weight
   const int64_t grouped = g.start[experts];  // rows of this rank's experts; h's rows past them are zero
   std::memset(static_cast<char *>(h) + grouped * inter * es, 0, (rows - grouped) * inter * es);
   std::vector<char> xs(grouped * hidden * es);  // x's rows in grouped order: [R, H]
@@ -82,24 +82,27 @@ bool moe_gate_up_swiglu(int d, const void *x, const int32_t *ids, int64_t tokens
   }, (1 << 16) / std::max<int64_t>(hidden, 1));
   return for_experts(g, experts, [&](int64_t e) {
     const Linear call{d, xs.data() + g.start[e] * hidden * es, g.start[e + 1] - g.start[e], hidden, -1, true,
-                      scale ? scale + e * 2 * inter * groups : nullptr, groups, format};
-    return gate_up_swiglu(call, static_cast<const char *>(w) + e * 2 * inter * hidden * ws, inter,
+                      scale ? scale + e * 2 * inter * groups : nullptr, groups, format,
+                      zero ? zero + e * 2 * inter * groups : nullptr};
+    return gate_up_swiglu(call, static_cast<const char *>(w) + e * 2 * inter * hidden * wbits / 8, inter,
                           static_cast<char *>(h) + g.start[e] * inter * es);
   });
 }
 
 bool moe_down_combine(int d, const void *h, const int32_t *ids, const float *weights, int64_t tokens, int64_t k,
                       const void *w, int64_t experts, int64_t hidden, int64_t inter, void *out,
-                      const float *scale, int64_t groups, int format) {
+                      const float *scale, int64_t groups, int format, const uint8_t *zero) {
   const int64_t rows = tokens * k;
   Groups g;
   if (!group(ids, rows, experts, &g)) return false;
-  const size_t es = dtype_size(d), ws = scale ? 1 : es;  // bytes per activation, per weight
+  const size_t es = dtype_size(d), wbits = scale ? kFormatRows[format].bits : 8 * es;  // per activation, weight
   std::vector<float> y(g.start[experts] * hidden);  // each row's expert output in float32, grouped order: [R, H]
   const bool ok = for_experts(g, experts, [&](int64_t e) {
     const Linear call{d, static_cast<const char *>(h) + g.start[e] * inter * es, g.start[e + 1] - g.start[e], inter,
-                      kF32, true, scale ? scale + e * hidden * groups : nullptr, groups, format};
-    return linear(call, static_cast<const char *>(w) + e * hidden * inter * ws, hidden, y.data() + g.start[e] * hidden);
+                      kF32, true, scale ? scale + e * hidden * groups : nullptr, groups, format,
+                      zero ? zero + e * hidden * groups : nullptr};
+    return linear(call, static_cast<const char *>(w) + e * hidden * inter * wbits / 8, hidden,
+                  y.data() + g.start[e] * hidden);
   });
   if (!ok) return false;
   const IsaKernels &ik = isa();

@@ -9,12 +9,12 @@
 //                    y[t] = sum_j weights[t, j] * (h[row of (t, j)] w_down,e^T), summed in float32
 //
 //   Q{op}_{format}: the same four with quantized weights of a format of common.h's kFormatRows, its name's
-//                    '-' as '_' (QLinear_int8, QMoeDownCombine_int8_group; int4-group: the dense two, w uint8
-//                    [M, K/2], then scale [M, G] and, QLinear_int4_group_zp, zero points [M, G] uint8): w int8 followed by its float32
+//                    '-' as '_' (QLinear_int8, QMoeDownCombine_int8_group): w int8 followed by its float32
 //                    scales: per row (int8: scale [M]; the Moe ops [E, 2I] and [E, H]), w[row] = scale[row] *
 //                    q[row], widened exactly; or per group of K / G inputs (int8-group: scale [M, G]; [E, 2I, G],
-//                    [E, H, G]), msw::Linear::scale. (Each its own name: MindSpore keeps one registration per aot
-//                    op name.)
+//                    [E, H, G]), msw::Linear::scale. int4-group: w uint8 [M, K/2] (two weights a byte), scale
+//                    [M, G] and, Q{op}_int4_group_zp, zero points [M, G] uint8. (Each its own name: MindSpore keeps
+//                    one registration per aot op name.)
 //   RmsNorm       x [..., H], w [H], eps [1] float32       ->  y [..., H] = x / sqrt(mean(x^2) + eps) * w
 //   Add           a [...], b [...] (one shape)             ->  y = a + b (the residual connection)
 //
@@ -38,7 +38,9 @@ const char *const kOps[] = {"SwigluFwd",       "SwigluBwd",      "Linear",      
                             "QLinear_int8",         "QGateUpSwiglu_int8",  "QMoeGateUpSwiglu_int8",
                             "QMoeDownCombine_int8", "QLinear_int8_group",  "QGateUpSwiglu_int8_group",
                             "QMoeGateUpSwiglu_int8_group", "QMoeDownCombine_int8_group", "QLinear_int4_group",
-                            "QGateUpSwiglu_int4_group", "QLinear_int4_group_zp", "QGateUpSwiglu_int4_group_zp"};
+                            "QGateUpSwiglu_int4_group", "QLinear_int4_group_zp", "QGateUpSwiglu_int4_group_zp",
+                            "QMoeGateUpSwiglu_int4_group", "QMoeGateUpSwiglu_int4_group_zp",
+                            "QMoeDownCombine_int4_group", "QMoeDownCombine_int4_group_zp"};
 constexpr int kNumOps = sizeof kOps / sizeof kOps[0];
 std::atomic<int64_t> g_launches[kNumOps];
 
@@ -227,9 +229,15 @@ static std::vector<int64_t> gate_up_shape(int *ndims, int64_t **shapes) {
 }
 
 // The experts' ops: 2-D x / h, [T, k] int32 ids, stacked 3-D weights of the float dtype, or int8 with float32
-// scales [E, rows] or [E, rows, groups] (routing weights float32). The scales' groups (1 without int8), or 0.
-static int64_t expert_groups(int fmt, int *ndims, int64_t **shapes, int w) {
-  return scale_groups(fmt, ndims[w + 1], shapes[w + 1], 2, shapes[w], shapes[w][2]);
+// scales [E, rows] or [E, rows, groups] (int4: [E, rows, in / 2] bytes with scales [E, rows, groups] and, with q 2,
+// zero points of their shape; routing weights float32). The scales' groups (1 without int8), or 0.
+static int64_t expert_in(int fmt, int64_t **shapes, int w) {
+  return shapes[w][2] * (fmt >= 0 && msw::kFormatRows[fmt].bits == 4 ? 2 : 1);
+}
+static int64_t expert_groups(int fmt, int q, int *ndims, int64_t **shapes, int w) {
+  const int64_t groups = scale_groups(fmt, ndims[w + 1], shapes[w + 1], 2, shapes[w], expert_in(fmt, shapes, w));
+  if (q == 2 && (ndims[w + 2] != 3 || !std::equal(shapes[w + 1], shapes[w + 1] + 3, shapes[w + 2]))) return 0;
+  return groups;
 }
 
 static int moe_gate_up_swiglu_op(int fmt, int nparam, void **params, int *ndims, int64_t **shapes,
@@ -240,16 +248,17 @@ static int moe_gate_up_swiglu_op(int fmt, int nparam, void **params, int *ndims,
   if (d < 0 || !is(dtypes[1], "int32") || (!q && !is(dtypes[2], dtypes[0])) || !is(dtypes[out], dtypes[0]))
     return 2;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 3 || shapes[1][0] != shapes[0][0] ||
-      shapes[2][2] != shapes[0][1] || shapes[2][1] % 2)
+      expert_in(fmt, shapes, 2) != shapes[0][1] || shapes[2][1] % 2)
     return 3;
-  const int64_t groups = expert_groups(fmt, ndims, shapes, 2);
+  const int64_t groups = expert_groups(fmt, q, ndims, shapes, 2);
   if (!groups) return 3;
   const int64_t tokens = shapes[0][0], k = shapes[1][1], experts = shapes[2][0], inter = shapes[2][1] / 2;
   if (tokens * k * inter == 0) return 0;
   return msw::moe_gate_up_swiglu(d, params[0], static_cast<const int32_t *>(params[1]), tokens, k, params[2],
                                  experts, shapes[0][1], inter, params[out],
                                  q ? static_cast<const float *>(params[3]) : nullptr, groups,
-                                 computed_format(fmt, groups)) ? 0 : 4;
+                                 computed_format(fmt, groups),
+                                 q == 2 ? static_cast<const uint8_t *>(params[4]) : nullptr) ? 0 : 4;
 }
 static std::vector<int64_t> moe_gate_up_shape(int *ndims, int64_t **shapes) {
   const int64_t rows = shapes[1][0] < 0 || shapes[1][1] < 0 ? -1 : shapes[1][0] * shapes[1][1];
@@ -264,9 +273,10 @@ static int moe_down_combine_op(int fmt, int nparam, void **params, int *ndims, i
       (!q && !is(dtypes[3], dtypes[0])) || !is(dtypes[out], dtypes[0]))
     return 2;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 3 || shapes[2][0] != shapes[1][0] ||
-      shapes[2][1] != shapes[1][1] || shapes[0][0] != shapes[1][0] * shapes[1][1] || shapes[3][2] != shapes[0][1])
+      shapes[2][1] != shapes[1][1] || shapes[0][0] != shapes[1][0] * shapes[1][1] ||
+      expert_in(fmt, shapes, 3) != shapes[0][1])
     return 3;
-  const int64_t groups = expert_groups(fmt, ndims, shapes, 3);
+  const int64_t groups = expert_groups(fmt, q, ndims, shapes, 3);
   if (!groups) return 3;
   const int64_t tokens = shapes[1][0], k = shapes[1][1], hidden = shapes[3][1];
   if (tokens * hidden == 0) return 0;
@@ -277,7 +287,8 @@ static int moe_down_combine_op(int fmt, int nparam, void **params, int *ndims, i
   return msw::moe_down_combine(d, params[0], static_cast<const int32_t *>(params[1]),
                                static_cast<const float *>(params[2]), tokens, k, params[3], shapes[3][0], hidden,
                                shapes[0][1], params[out], q ? static_cast<const float *>(params[4]) : nullptr,
-                               groups, computed_format(fmt, groups)) ? 0 : 4;
+                               groups, computed_format(fmt, groups),
+                               q == 2 ? static_cast<const uint8_t *>(params[5]) : nullptr) ? 0 : 4;
 }
 static std::vector<int64_t> moe_down_shape(int *, int64_t **shapes) {
   return {shapes[1][0], shapes[3][1]};
@@ -355,12 +366,15 @@ extern "C" {
 
 MSW_GEMM_OPS(Linear, linear_op, linear_shape)
 MSW_GEMM_OPS(GateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
-// int4: the dense ops (its experts run in the graph: no MoE op of the row), without and with zero points (_zp:
-// MindSpore keeps one registration, so one input count, per name)
-MSW_GEMM_OP(QLinear_int4_group, linear_op, linear_shape, msw::kFormatInt4Group)
-MSW_GEMM_OP(QGateUpSwiglu_int4_group, gate_up_swiglu_op, gate_up_shape, msw::kFormatInt4Group)
-MSW_GEMM_OP(QLinear_int4_group_zp, linear_op, linear_shape, msw::kFormatInt4Group)
-MSW_GEMM_OP(QGateUpSwiglu_int4_group_zp, gate_up_swiglu_op, gate_up_shape, msw::kFormatInt4Group)
+// int4, without and with zero points (_zp: MindSpore keeps one registration, so one input count, per name)
+#define MSW_INT4_OPS(name, impl, infer)                                                                        \
+  MSW_GEMM_OP(Q##name##_int4_group, impl, infer, msw::kFormatInt4Group)                                       \
+  MSW_GEMM_OP(Q##name##_int4_group_zp, impl, infer, msw::kFormatInt4Group)
+MSW_INT4_OPS(Linear, linear_op, linear_shape)
+MSW_INT4_OPS(GateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
+MSW_INT4_OPS(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
+MSW_INT4_OPS(MoeDownCombine, moe_down_combine_op, moe_down_shape)
+#undef MSW_INT4_OPS
 MSW_GEMM_OPS(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
 MSW_GEMM_OPS(MoeDownCombine, moe_down_combine_op, moe_down_shape)
 #undef MSW_GEMM_OPS

@@ -223,7 +223,7 @@ class GroupedExperts(ExpertsOp):
         # GroupedMatmulV4 with int8 rows: a bfloat16 weight scale gives bfloat16 outputs, a float32 one float16
         self.scale_dtype = ms.bfloat16 if dtype == ms.bfloat16 else ms.float32
         self.init_routing, self.gmm, self.unpermute = MoeInitRoutingV2(), GroupedMatmulV4(), MoeTokenUnpermute()
-        self.quantize = DynamicQuantExt()
+        self.quantize = DynamicQuantExt() if self.int8_rows else None
 
     def route(self, x, ids, weights, experts):
         """(rows [T k, H] grouped by expert, their source rows, int64 row counts per expert [E], weights):

@@ -65,9 +65,17 @@ void rows_inter(int ndim, const int64_t *shape, int64_t *rows, int64_t *inter) {
   *inter = ndim > 0 ? shape[ndim - 1] / 2 : 0;
 }
 
-// (x [..., k], w [m, k]; int4 [m, k / 2]) of a linear op of weights of `bits`; false when they do not fit.
-bool linear_shapes(int *ndims, int64_t **shapes, int64_t *n, int64_t *k, int64_t *m, int bits = 8) {
-  const int64_t per = bits == 4 ? 2 : 1;  // weights a stored element
+// The weights in one stored element of format `fmt` (-1: float): 2 for int4's bytes, else 1.
+int64_t per_element(int fmt) { return fmt >= 0 && msw::kFormatRows[fmt].bits == 4 ? 2 : 1; }
+
+// Whether the zero points at params[s + 1] have the shape of the scales at params[s] (int4 with zero points).
+bool zeros_fit(int *ndims, int64_t **shapes, int s) {
+  return ndims[s + 1] == ndims[s] && std::equal(shapes[s], shapes[s] + ndims[s], shapes[s + 1]);
+}
+
+// (x [..., k], w [m, k]; int4 [m, k / 2]) of a linear op of format `fmt`; false when they do not fit.
+bool linear_shapes(int *ndims, int64_t **shapes, int64_t *n, int64_t *k, int64_t *m, int fmt) {
+  const int64_t per = per_element(fmt);
   if (ndims[0] < 1 || ndims[1] != 2 || shapes[0][ndims[0] - 1] != shapes[1][1] * per) return false;
   *n = 1;
   for (int i = 0; i + 1 < ndims[0]; ++i) *n *= shapes[0][i];
@@ -118,11 +126,10 @@ int run_linear(int fmt, int nparam, void **params, int *ndims, int64_t **shapes,
   const int d = msw::dtype_index(dtypes[0]), y = nparam - 1;
   if (d < 0 || !is(dtypes[y], dtypes[0]) || (!q && !is(dtypes[1], dtypes[0]))) return 2;
   int64_t n, k, m;
-  if (!linear_shapes(ndims, shapes, &n, &k, &m, fmt < 0 ? 8 : msw::kFormatRows[fmt].bits) || (packed && m % 2))
-    return 3;
+  if (!linear_shapes(ndims, shapes, &n, &k, &m, fmt) || (packed && m % 2)) return 3;
   const int64_t groups = q ? scale_groups(fmt, ndims[2], shapes[2], 1, &m, k) : 1;
   if (groups < 1) return 3;
-  if (q == 2 && (ndims[3] != 2 || shapes[3][0] != m || shapes[3][1] != groups)) return 3;  // zero points
+  if (q == 2 && !zeros_fit(ndims, shapes, 2)) return 3;
   const int64_t out = packed ? m / 2 : m;
   if (n * out == 0) return 0;
   if (k == 0) {
@@ -231,12 +238,10 @@ static std::vector<int64_t> gate_up_shape(int *ndims, int64_t **shapes) {
 // The experts' ops: 2-D x / h, [T, k] int32 ids, stacked 3-D weights of the float dtype, or int8 with float32
 // scales [E, rows] or [E, rows, groups] (int4: [E, rows, in / 2] bytes with scales [E, rows, groups] and, with q 2,
 // zero points of their shape; routing weights float32). The scales' groups (1 without int8), or 0.
-static int64_t expert_in(int fmt, int64_t **shapes, int w) {
-  return shapes[w][2] * (fmt >= 0 && msw::kFormatRows[fmt].bits == 4 ? 2 : 1);
-}
+static int64_t expert_in(int fmt, int64_t **shapes, int w) { return shapes[w][2] * per_element(fmt); }
 static int64_t expert_groups(int fmt, int q, int *ndims, int64_t **shapes, int w) {
   const int64_t groups = scale_groups(fmt, ndims[w + 1], shapes[w + 1], 2, shapes[w], expert_in(fmt, shapes, w));
-  if (q == 2 && (ndims[w + 2] != 3 || !std::equal(shapes[w + 1], shapes[w + 1] + 3, shapes[w + 2]))) return 0;
+  if (q == 2 && !zeros_fit(ndims, shapes, w + 1)) return 0;
   return groups;
 }
 

@@ -5,6 +5,7 @@ import pytest
 
 from ms_swiglu import quant as formats
 from ms_swiglu.backends import get as backend
+from ms_swiglu.backends.cpu import kernels
 from ms_swiglu.backends.spec import Compute
 from ms_swiglu.errors import InputError
 from ms_swiglu.layout import ParallelLayout
@@ -278,7 +279,12 @@ def test_w8a8_checkpoints_quantize_activations_as_the_device_does(dense_float, t
     for b in ("composite", "cpu"):
         mlp = load_mlp(str(tmp_path / "q"), 0, dtype="float32", backend=b)
         assert mlp.quant == name
+        before = kernels.launches()
         got = mlp(ms.Tensor(x)).asnumpy()
+        ran = {op for op, count in kernels.launches().items() if count > before[op]}
+        if b == "cpu":  # the library's int8 x int8 ops, x quantized inside them
+            row = name.replace("-", "_")
+            assert ran == {f"QGateUpSwiglu_{row}", f"QLinear_{row}"}, ran
         err = np.abs(got - want) - (1e-5 + 1.3e-6 * np.abs(want))
         assert err.max() <= 2 * flip, (b, err.max(), flip)
         assert np.mean(err > 0) < 0.2, b  # a flip is rare: most outputs are within float32's tolerance

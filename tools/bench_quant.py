@@ -114,6 +114,10 @@ def _bytes(mlps):
     return sum(p.nbytes for mlp in mlps for p in mlp.get_parameters())
 
 
+def _int8_activations(quant):
+    return quant != "bfloat16" and formats.get(quant).activation is not Activation.NONE
+
+
 def _int8_weights(mlps):
     import mindspore as ms  # noqa: PLC0415
 
@@ -233,7 +237,9 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
     ms.set_context(mode=ms.GRAPH_MODE)
     print(machine_line())
     try:
-        machine_peaks, unmeasured = peaks(names=(conversion_probe(), "fma_float32", "int16_gemm_vpmaddwd")), None
+        names = (conversion_probe(), "fma_float32", "int16_gemm_vpmaddwd",
+                 *(("int8_gemm_vpdpbusd",) if any(map(_int8_activations, quants)) else ()))
+        machine_peaks, unmeasured = peaks(names=names), None
     except ProbeError as e:  # a busy host: the times and ratios stand, no figure is given as a fraction of a ceiling
         machine_peaks, unmeasured = None, str(e)
         print(f"ceilings: not measured ({e}): no fraction of a ceiling is given")
@@ -252,7 +258,9 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
     chains.update({q: _chain(hidden, inter, layers, q) for q in quants})
     graphs = {_graph_name(name, sh): (name, _graph(mlps, sh, repeat)) for sh in shapes for name, mlps in chains.items()}
     nbytes = {name: _bytes(mlps) * repeat for name, mlps in chains.items()}  # per call
-    int8s = {name: _int8_weights(mlps) * repeat for name, mlps in chains.items()}
+    # (W8A8's int8 weights meet int8 activations: no conversion, so no conversion peak)
+    int8s = {name: 0 if _int8_activations(name) else _int8_weights(mlps) * repeat for name, mlps in chains.items()}
+    ops = 2 * 3 * hidden * inter * layers * repeat  # per token: the chain's multiplies, 2 OP each
     big = np.ones(READ_PROBE_FLOATS, np.float32)
     rows, host, graph_call_probe = [], HostSpeed(host_probes()), graph_call()
     library = {f"{name} library": _library(mlps, repeat) for name, mlps in chains.items()}
@@ -305,6 +313,9 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
                 s = row[_graph_name(f"{q}/bf16 speedup", sh)] = {
                     "median": stats[base]["median_s"] / stats[other]["median_s"],
                     "min": stats[base]["min_s"] / stats[other]["min_s"], "paired": paired(stats, base, other)}
+                dot_peak = machine_peaks and machine_peaks.get("int8_gemm_vpdpbusd")
+                if n > 1 and _int8_activations(q) and dot_peak:  # W8A8 above one token: its int8 dots' peak
+                    row[other]["fraction_of_int8_dot_peak"] = ops * n / stats[other]["median_s"] / 1e9 / dot_peak
                 if read and row_peak:
                     # bfloat16's time over int8's at the better of its two ceilings: its conversions at their peak,
                     # its bytes at the read probe's bandwidth or bfloat16's own in these rounds, the higher
@@ -343,6 +354,9 @@ def _print_row(row, q):
         if "over_library_ms" in qr:
             print(f"        {'':27s} the graph's own time per call (median over the library's calls): bf16 "
                   f"{b['over_library_ms']:.2f} ms, {q} {qr['over_library_ms']:.2f} ms", flush=True)
+        if "fraction_of_int8_dot_peak" in qr:
+            print(f"        {'':27s} {q}'s int8 x int8 multiplies against VPDPBUSD's peak "
+                  f"{qr['fraction_of_int8_dot_peak']:.0%}", flush=True)
         if "fraction_of_conversion_peak" in qr:
             ceiling = (f"; at the better of its two ceilings (conversions, bytes at the read probe's or bf16's "
                        f"bandwidth) {q} would be {s['ceiling']:.2f}x bf16's median" if s else "")

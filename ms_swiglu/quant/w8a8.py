@@ -1,6 +1,7 @@
 """int8 weights per output row with int8 activations (W8A8): dynamic per token (compressed-tensors' ``int-quantized``
 with dynamic token activations, msModelSlim's ``W8A8_DYNAMIC``; ``w8a8`` for float checkpoints) or static per
-tensor (msModelSlim's ``W8A8``). NumPy only.
+tensor (msModelSlim's ``W8A8``). NumPy only; the cpu backend's kernels are the C++ rows ``w8a8`` and
+``w8a8-static``.
 
 The products are summed exactly (integers), then
     dynamic: ``y[t, m] = (x_q[t] . q[m]) * s_x[t] * scale[m]`` with ``s_x[t] = max|x[t]| / 127``,
@@ -24,7 +25,6 @@ class W8A8(QuantMethod):
 
     quantized = True
     bits = 8
-    kernel = None  # no int8 x int8 row in the C++ library yet: the backends quantize and multiply in the graph
     # the per-token scale from the rounded activations (and the weight scale where the op takes it in bfloat16);
     # the int8 activations' own rounding flips are the chain's ``quantizers`` (ms_swiglu.export.chain)
     roundings = 1
@@ -34,6 +34,7 @@ class W8A8(QuantMethod):
         static = activation is Activation.STATIC
         self.quantizes = not static  # its activation scale comes from a calibrated checkpoint
         self.name = "w8a8-static" if static else "w8a8"
+        self.kernel = self.name  # the C++ library's rows (int8 x int8 summed in int32, x quantized in the op)
         self.parts = (Part("", "int8", per=1), Part(SCALE, "float32"),
                       *([Part(INPUT_SCALE, "float32", rows=False), Part(INPUT_OFFSET, "float32", rows=False)]
                         if static else []))

@@ -3,8 +3,9 @@
 The gate/up GEMM has the SwiGLU as its epilogue, so [T, 2I] never exists; the GEMMs run a skinny kernel for few
 tokens and oneDNN's matmul (MindSpore's libdnnl) above, reading the weights in place in their own dtype. AVX-512
 (with AVX512-BF16's VDPBF16PS for bfloat16 where present), AVX2 or generic x86-64, chosen at run time; bfloat16
-on AMX tiles where the CPU has them (csrc/amx.cc); the library's own thread pool (csrc/pool.cc). The FFN block's
-RMSNorm and residual add are C++ calls too.
+on AMX tiles where the CPU has them (csrc/amx.cc); the library's own thread pool (csrc/pool.cc). Quantized
+weights are read in their containers; W8A8 quantizes x in the op and sums int8 x int8 in int32 (csrc/w8a8.cc).
+The FFN block's RMSNorm and residual add are C++ calls too.
 """
 from ms_swiglu.backends.cpu.ops import FusedAdd, FusedLinear, FusedRMSNorm, GroupedExperts, swiglu_op
 from ms_swiglu.backends.cpu import kernels

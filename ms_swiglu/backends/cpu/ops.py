@@ -47,11 +47,13 @@ class FusedLinear(nn.Cell):
     time to the dtype the GEMM reads (inference only: no backward).
 
     int4 weights (``int4-gG``) are read as their bytes, two weights a byte, the nibbles widened in registers at
-    one token and a block of rows dequantized to the GEMM's dtype above it.
+    one token and a block of rows dequantized to the GEMM's dtype above it. W8A8 (``w8a8``, ``w8a8-static``):
+    x quantized to int8 in the op (per token, or by the input scale and offset), int8 x int8 summed in int32.
 
     Shapes:
         x: [T, K]    w: [M, K] (int8 with scale [M] or [M, K/128] float32; int4 [M, K/2] uint8 with scale [M, K/G]
-        and zero points [M, K/G] uint8 with -zp)    out: [T, M], or [T, M/2] with ``swiglu``
+        and zero points [M, K/G] uint8 with -zp; W8A8 scale [M], static: input scale and offset [1])
+        out: [T, M], or [T, M/2] with ``swiglu``
     """
 
     def __init__(self, dtype, swiglu, quant):
@@ -90,6 +92,7 @@ class GroupedExperts(ExpertsOp):
         w_gate_up: [E, 2I, H] (each [gate_e; up_e])    w_down: [E, H, I]    out: [T, H]
         int8: w_* int8, s_gate_up: [E, 2I] float32, s_down: [E, H] float32 (int8-g128: [E, 2I, H/128], [E, H, I/128])
         int4: w_* uint8 [E, 2I, H/2], [E, H, I/2] with scales (and zero points) [E, 2I, H/G], [E, H, I/G]
+        W8A8: w_* int8 with scales [E, 2I], [E, H] (static: and each expert's input scale and offset [E, 1])
     """
 
     def __init__(self, dtype, quant, partial=False):  # noqa: ARG002 -- the kernels skip -1 ids

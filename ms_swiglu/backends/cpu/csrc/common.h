@@ -100,17 +100,21 @@ struct SplitX {
 // The weight formats of the linear kernels: float weights in each dtype (numbered as their Dtype), int8 with a
 // scale per row, int8 with a scale per group of k / groups inputs.
 enum WeightFormat { kWeightsF32 = kF32, kWeightsF16 = kF16, kWeightsBF16 = kBF16, kWeightsInt8, kWeightsInt8Group,
-                    kWeightsInt4Group, kWeightFormats };
+                    kWeightsInt4Group, kWeightsW8A8, kWeightFormats };
 // The quantized weight formats the library computes, one row each (as ggml's type traits), by name: the Python
 // side names a format's row (ms_swiglu.quant: QuantMethod.kernel) and calls the ops of that row's name; no format
 // is guessed from a scale's presence. `grouped`: scales [rows, groups], each for k / groups inputs of its row (a
 // row of one group computes as the per-row format: the same products and scale); else one scale per row.
-enum FormatId { kFormatInt8, kFormatInt8Group, kFormatInt4Group, kFormats };
+// `int8_x`: the activations are quantized to int8 too (W8A8: per token, or with `act_params` == 2 per tensor by the
+// float32 input scale and offset that follow the scales), and the products are int8 x int8 summed in int32.
+enum FormatId { kFormatInt8, kFormatInt8Group, kFormatInt4Group, kFormatW8A8, kFormatW8A8Static, kFormats };
 struct FormatRow {
   const char *name;
   int bits;
   bool grouped;
   WeightFormat weights;  // its kernels' row in IsaKernels::weights
+  bool int8_x = false;
+  int act_params = 0;
 };
 extern const FormatRow kFormatRows[kFormats];
 
@@ -150,6 +154,21 @@ struct WeightTraits {
   void (*prep_bf16_q4)(const bf16 *x, int64_t n, int64_t k, int64_t groups, bf16 *xp, float *sums);
   void (*widen_q4[kDtypes])(const void *src, void *dst, int64_t rows, int64_t k, const float *scale,
                             const uint8_t *zero, int64_t groups);
+  // W8A8 (w8a8.cc): one token's row x [k] in dtype d to int8 xq [k]: per token (in_scale nullptr) s = max|x| / 127
+  // (1 for a row of zeros), xq = round(x / s) in [-127, 127]; per tensor xq = clip(round(x / in_scale + offset),
+  // -128, 127) and s = 1. Rounded half to even, as the graph's reference (ms_swiglu.quant.graph).
+  void (*quantize_row[kDtypes])(const void *x, int64_t k, const float *in_scale, float offset, int8_t *xq, float *s);
+  // xq [n, k] - o laid out as i8_rows (ldx: its row stride) or i8_panel (np: tokens padded) read it; returns the
+  // shift c the kernel takes (VPDPBUSD reads x unsigned: xq + 128 = (xq - o) + c)
+  int32_t (*pack_rows)(const int8_t *xq, int64_t n, int64_t k, int32_t o, std::vector<char> &buf, int64_t &ldx);
+  int32_t (*pack_panel)(const int8_t *xq, int64_t n, int64_t k, int32_t o, std::vector<char> &buf, int64_t &np);
+  // the exact integer sums acc = (xq - o) . w[j] of int8 rows w [m, k]: acc[t * lda + j] for few tokens (each row
+  // read once for all of them), or acc[j * np + t] for many (the panel kernel: the weights broadcast against
+  // tokens in the vector lanes; nullptr: i8_rows at every count); `i8_dot` names the instruction
+  void (*i8_rows)(const void *xp, int64_t n, int64_t ldx, int64_t k, const int8_t *w, int64_t m, int32_t *acc,
+                  int64_t lda, int32_t c);
+  void (*i8_panel)(const void *xp, int64_t np, int64_t k, const int8_t *w, int64_t m, int32_t *acc, int32_t c);
+  const char *i8_dot;
 };
 
 struct SkinnyTiles;

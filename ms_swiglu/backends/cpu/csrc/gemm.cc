@@ -319,6 +319,16 @@ Path path(int d, int64_t n, bool expert, bool q8) {
   return p;
 }
 
+Path path_w8a8(int64_t n) {
+  const int forced = g_forced;
+  if (!isa().weights[kWeightsW8A8].i8_panel) return kSkinny;
+  if (forced == kSkinny || forced == kPanel) return Path(forced);
+  if (forced < 0 && n <= kTuning.w8a8_rows_max) return kSkinny;
+  if (forced < 0 && n <= kTuning.w8a8_panel_max) return kPanel;
+  // oneDNN's int8 matmul only with VNNI (the ISA here has it): without, its VPMADDUBSW may saturate
+  return onednn::takes_s8() ? kOnednn : kPanel;
+}
+
 int force_path(int p) { return g_forced.exchange(p >= 0 && p < kPaths ? p : -1); }
 
 namespace {
@@ -364,11 +374,17 @@ std::string tuning_json() {
   const auto quoted = [](const char *name) { return name ? "\"" + std::string(name) + "\"" : std::string("null"); };
   s += ", \"int8_one_token_dot\": " + quoted(isa().weights[kWeightsInt8].dot);
   // bfloat16 x read as it is by the skinny kernel (int8 rows with group-wise scales: widened times them to bfloat16)
+  // W8A8: the integer dot, and the row kernel's tokens (the panel kernel above, where the ISA has one)
+  s += ", \"w8a8_dot\": " + quoted(isa().weights[kWeightsW8A8].i8_dot);
+  const bool vnni = isa().weights[kWeightsW8A8].i8_panel;
+  s += ", \"w8a8_rows_max_tokens\": " + (vnni ? std::to_string(kTuning.w8a8_rows_max) : std::string("null"));
+  s += ", \"w8a8_panel_max_tokens\": " + (vnni ? std::to_string(kTuning.w8a8_panel_max) : std::string("null"));
   s += ", \"bfloat16_x_dot\": " + quoted(isa().weights[kWeightsBF16].skinny_bf16 ? "vdpbf16ps" : nullptr);
   return s + "}";
 }
 
 bool linear(const Linear &call, const void *w, int64_t m, void *y) {
+  if (call.format >= 0 && kFormatRows[call.format].int8_x) return linear_w8a8(call, w, m, y, false);
   return run(call, w, m, [&](const Op &op) {
     if (op.path == kOnednn && !op.scale && op.w_d() == op.d)
       return onednn::gemm(op.a_d(), op.a(), op.n, op.d, w, m, op.k, op.yd, y, m);
@@ -411,6 +427,7 @@ bool linear(const Linear &call, const void *w, int64_t m, void *y) {
 // y [n, inter] = silu(x w_gate^T) * (x w_up^T), w = [w_gate; w_up] [2 inter, k]: the SwiGLU is the GEMM's
 // epilogue, applied to one block of columns at a time, so [n, 2 inter] never exists.
 bool gate_up_swiglu(const Linear &call, const void *w, int64_t inter, void *y) {
+  if (call.format >= 0 && kFormatRows[call.format].int8_x) return linear_w8a8(call, w, inter, y, true);
   return run(call, w, inter, [&](const Op &op) {
     auto epilogue = [&](const float *c, int64_t ldc, int64_t t, int64_t j0, int64_t cols) {  // c: [gate | up]
       op.ik->swiglu_from_float[op.yd](c + t * ldc, c + t * ldc + cols,

@@ -17,6 +17,10 @@ extern const char *const kPathNames[kPaths];
 // the path n tokens of dtype d take (kSkinny when oneDNN cannot); q8: against int8 weights, which take the skinny
 // kernel over its whole range, before the amx path
 Path path(int d, int64_t n, bool expert = false, bool q8 = false);
+// the path n tokens take against W8A8 weights: kSkinny (the row kernel; at every count on an ISA without VNNI,
+// whose int8 x int8 kernel is the row kernel only), kPanel (the library's panel kernel), or oneDNN's int8 matmul
+// (the panel kernel where oneDNN has none)
+Path path_w8a8(int64_t n);
 int force_path(int p);              // every call takes path p (-1: the automatic choice); returns the previous
 std::string tuning_json();          // the tuning table, for the Python side and the benchmarks
 
@@ -42,9 +46,16 @@ struct Linear {
   // k / groups; zero nullptr: 8. At one token the skinny kernels take the nibbles in registers; elsewhere the rows
   // are dequantized a block at a time into the dtype the GEMM reads.
   const uint8_t *zero = nullptr;
+  // W8A8 (a format row with int8_x) with static activations: the tensor's input scale and offset [1] (nullptr:
+  // per token); the offset must be an integer
+  const float *in_scale = nullptr, *in_offset = nullptr;
 };
 
 bool linear(const Linear &op, const void *w, int64_t m, void *y);               // y [n, m] = x w^T
 bool gate_up_swiglu(const Linear &op, const void *w, int64_t inter, void *y);  // y [n, inter], w [2 inter, k]
+
+// The same two for W8A8 (w8a8.cc): x quantized to int8 per token (or per tensor), int8 x int8 summed in int32,
+// then y = sum * s_x[t] * scale[j] in float32, rounded once (with the SwiGLU first for gate/up).
+bool linear_w8a8(const Linear &op, const void *w, int64_t m, void *y, bool swiglu);
 
 }  // namespace msw

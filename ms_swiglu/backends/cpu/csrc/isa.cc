@@ -16,7 +16,9 @@ namespace msw {
 
 const char *const kDtypeNames[kDtypes] = {"float32", "float16", "bfloat16"};
 const FormatRow kFormatRows[kFormats] = {{"int8", 8, false, kWeightsInt8}, {"int8-group", 8, true, kWeightsInt8Group},
-                                         {"int4-group", 4, true, kWeightsInt4Group}};
+                                         {"int4-group", 4, true, kWeightsInt4Group},
+                                         {"w8a8", 8, false, kWeightsW8A8, true, 0},
+                                         {"w8a8-static", 8, false, kWeightsW8A8, true, 2}};
 
 int dtype_index(const char *name) {
   const std::string d(name);
@@ -34,6 +36,7 @@ namespace avx512bf16 {
 #define MSW_VNNI
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
+#include "isa_w8a8.inc"
 #include "isa_norm.inc"
 #include "isa_table.inc"
 #undef MSW_VNNI
@@ -48,6 +51,7 @@ namespace avx512 {
 #define MSW_W 16
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
+#include "isa_w8a8.inc"
 #include "isa_norm.inc"
 #include "isa_table.inc"
 #undef MSW_W
@@ -62,6 +66,7 @@ namespace avx2 {
 #define MSW_PANEL
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
+#include "isa_w8a8.inc"
 #include "isa_norm.inc"
 #include "isa_table.inc"
 #undef MSW_PANEL
@@ -74,6 +79,7 @@ namespace generic {
 #define MSW_W 4
 #include "isa_swiglu.inc"
 #include "isa_linear.inc"
+#include "isa_w8a8.inc"
 #include "isa_norm.inc"
 #include "isa_table.inc"
 #undef MSW_W

@@ -68,7 +68,8 @@ bool for_experts(const Groups &g, int64_t experts, const Body &body) {
 
 bool moe_gate_up_swiglu(int d, const void *x, const int32_t *ids, int64_t tokens, int64_t k, const void *w,
                         int64_t experts, int64_t hidden, int64_t inter, void *h, const float *scale,
-                        int64_t groups, int format, const uint8_t *zero) {
+                        int64_t groups, int format, const uint8_t *zero, const float *in_scale,
+                        const float *in_offset) {
   const int64_t rows = tokens * k;
   Groups g;
   if (!group(ids, rows, experts, &g)) return false;
@@ -83,7 +84,8 @@ bool moe_gate_up_swiglu(int d, const void *x, const int32_t *ids, int64_t tokens
   return for_experts(g, experts, [&](int64_t e) {
     const Linear call{d, xs.data() + g.start[e] * hidden * es, g.start[e + 1] - g.start[e], hidden, -1, true,
                       scale ? scale + e * 2 * inter * groups : nullptr, groups, format,
-                      zero ? zero + e * 2 * inter * groups : nullptr};
+                      zero ? zero + e * 2 * inter * groups : nullptr, in_scale ? in_scale + e : nullptr,
+                      in_offset ? in_offset + e : nullptr};
     return gate_up_swiglu(call, static_cast<const char *>(w) + e * 2 * inter * hidden * wbits / 8, inter,
                           static_cast<char *>(h) + g.start[e] * inter * es);
   });
@@ -91,7 +93,8 @@ bool moe_gate_up_swiglu(int d, const void *x, const int32_t *ids, int64_t tokens
 
 bool moe_down_combine(int d, const void *h, const int32_t *ids, const float *weights, int64_t tokens, int64_t k,
                       const void *w, int64_t experts, int64_t hidden, int64_t inter, void *out,
-                      const float *scale, int64_t groups, int format, const uint8_t *zero) {
+                      const float *scale, int64_t groups, int format, const uint8_t *zero, const float *in_scale,
+                      const float *in_offset) {
   const int64_t rows = tokens * k;
   Groups g;
   if (!group(ids, rows, experts, &g)) return false;
@@ -100,7 +103,8 @@ bool moe_down_combine(int d, const void *h, const int32_t *ids, const float *wei
   const bool ok = for_experts(g, experts, [&](int64_t e) {
     const Linear call{d, static_cast<const char *>(h) + g.start[e] * inter * es, g.start[e + 1] - g.start[e], inter,
                       kF32, true, scale ? scale + e * hidden * groups : nullptr, groups, format,
-                      zero ? zero + e * hidden * groups : nullptr};
+                      zero ? zero + e * hidden * groups : nullptr, in_scale ? in_scale + e : nullptr,
+                      in_offset ? in_offset + e : nullptr};
     return linear(call, static_cast<const char *>(w) + e * hidden * inter * wbits / 8, hidden,
                   y.data() + g.start[e] * hidden);
   });

@@ -169,6 +169,9 @@ constexpr dnnl_data_type_t kType[kDtypes] = {dnnl_f32, dnnl_f16, dnnl_bf16};
 // The math of a matmul with int8 weights, by the dtype of a: the int8 rows widened to it (exactly), float32 sums.
 constexpr dnnl_fpmath_mode_t kQ8Math[kDtypes] = {dnnl_fpmath_mode_strict, dnnl_fpmath_mode_f16, dnnl_fpmath_mode_bf16};
 constexpr int kQ8 = -1;  // b_d of a matmul with int8 weights and per-row float32 scales
+constexpr int kS8 = -2;  // a_d, b_d of an int8 x int8 matmul (c_d: kS32, int32 sums)
+constexpr int kS32 = -3;
+dnnl_data_type_t type_of(int d) { return d == kS8 || d == kQ8 ? dnnl_s8 : d == kS32 ? dnnl_s32 : kType[d]; }
 
 // One matmul primitive per shape, kept per (dtypes, na, nb, k, ldc); the cache is dropped when it holds
 // kMaxMatmuls (dynamic token counts); calls still running keep theirs alive. A primitive runs in whichever thread
@@ -207,7 +210,7 @@ std::shared_ptr<Matmul> matmul(const Api &a, int a_d, int b_d, int c_d, int64_t 
   auto it = g_matmuls.find(key);
   if (it != g_matmuls.end()) return it->second;
   const dnnl_dims_t dims[3] = {{na, k}, {k, nb}, {na, nb}}, strides[3] = {{k, 1}, {1, k}, {ldc, 1}};
-  const dnnl_data_type_t types[3] = {kType[a_d], b_d == kQ8 ? dnnl_s8 : kType[b_d], kType[c_d]};
+  const dnnl_data_type_t types[3] = {type_of(a_d), type_of(b_d), type_of(c_d)};
   auto mm = std::make_shared<Matmul>();
   mm->api = &a;
   dnnl_primitive_attr_t attr = nullptr;
@@ -279,6 +282,10 @@ bool gemm_q8(int a_d, const void *a, int64_t na, const int8_t *b, const float *b
   return execute(a_d, a, na, kQ8, b, b_scale, nb, k, c_d, c, ldc);
 }
 
+bool gemm_s8(const int8_t *a, int64_t na, const int8_t *b, int64_t nb, int64_t k, int32_t *c, int64_t ldc) {
+  return execute(kS8, a, na, kS8, b, nullptr, nb, k, kS32, c, ldc);
+}
+
 namespace {
 // known[d]: whether `probe()` built its matmuls, asked once per dtype d (-1: not yet)
 template <typename Probe>
@@ -295,6 +302,11 @@ bool takes(int d) {
   return once(known, d, [d](const Api &ap) {
     return matmul(ap, d == kF16 ? kF32 : d, d, d, 2, 16, 16, 16) && matmul(ap, d, d, kF32, 16, 2, 16, 2);
   });
+}
+
+bool takes_s8() {
+  static std::atomic<int> known[kDtypes] = {-1, -1, -1};
+  return once(known, 0, [](const Api &ap) { return matmul(ap, kS8, kS8, kS32, 2, 16, 16, 16) != nullptr; });
 }
 
 bool takes_q8(int a_d) {

@@ -22,8 +22,13 @@ bool gemm(int a_d, const void *a, int64_t na, int b_d, const void *b, int64_t nb
 bool gemm_q8(int a_d, const void *a, int64_t na, const int8_t *b, const float *b_scale, int64_t nb, int64_t k,
              int c_d, void *c, int64_t ldc);
 
+// c [na, nb] int32 (row stride ldc) = a b^T with a [na, k] and b [nb, k] int8, exact sums. False when oneDNN
+// cannot run it.
+bool gemm_s8(const int8_t *a, int64_t na, const int8_t *b, int64_t nb, int64_t k, int32_t *c, int64_t ldc);
+
 // Whether oneDNN runs dtype d on this CPU, both ways round: x (float32 for float16) by w, and swapped.
 bool takes(int d);
 bool takes_q8(int a_d);  // whether gemm_q8 runs a in dtype a_d
+bool takes_s8();         // whether gemm_s8 runs
 
 }  // namespace msw::onednn

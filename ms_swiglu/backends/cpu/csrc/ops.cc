@@ -13,8 +13,9 @@
 //                    scales: per row (int8: scale [M]; the Moe ops [E, 2I] and [E, H]), w[row] = scale[row] *
 //                    q[row], widened exactly; or per group of K / G inputs (int8-group: scale [M, G]; [E, 2I, G],
 //                    [E, H, G]), msw::Linear::scale. int4-group: w uint8 [M, K/2] (two weights a byte), scale
-//                    [M, G] and, Q{op}_int4_group_zp, zero points [M, G] uint8. (Each its own name: MindSpore keeps
-//                    one registration per aot op name.)
+//                    [M, G] and, Q{op}_int4_group_zp, zero points [M, G] uint8. w8a8: int8 x int8 (x quantized
+//                    per token in the op), scale [M]; w8a8_static: then the input scale and offset [1] ([E, 1]
+//                    for the Moe ops). (Each its own name: MindSpore keeps one registration per aot op name.)
 //   RmsNorm       x [..., H], w [H], eps [1] float32       ->  y [..., H] = x / sqrt(mean(x^2) + eps) * w
 //   Add           a [...], b [...] (one shape)             ->  y = a + b (the residual connection)
 //
@@ -40,7 +41,10 @@ const char *const kOps[] = {"SwigluFwd",       "SwigluBwd",      "Linear",      
                             "QMoeGateUpSwiglu_int8_group", "QMoeDownCombine_int8_group", "QLinear_int4_group",
                             "QGateUpSwiglu_int4_group", "QLinear_int4_group_zp", "QGateUpSwiglu_int4_group_zp",
                             "QMoeGateUpSwiglu_int4_group", "QMoeGateUpSwiglu_int4_group_zp",
-                            "QMoeDownCombine_int4_group", "QMoeDownCombine_int4_group_zp"};
+                            "QMoeDownCombine_int4_group", "QMoeDownCombine_int4_group_zp", "QLinear_w8a8",
+                            "QGateUpSwiglu_w8a8", "QMoeGateUpSwiglu_w8a8", "QMoeDownCombine_w8a8",
+                            "QLinear_w8a8_static", "QGateUpSwiglu_w8a8_static", "QMoeGateUpSwiglu_w8a8_static",
+                            "QMoeDownCombine_w8a8_static"};
 constexpr int kNumOps = sizeof kOps / sizeof kOps[0];
 std::atomic<int64_t> g_launches[kNumOps];
 
@@ -86,6 +90,17 @@ bool linear_shapes(int *ndims, int64_t **shapes, int64_t *n, int64_t *k, int64_t
 
 bool is(const char *dtype, const char *name) { return std::string(dtype) == name; }
 
+// Whether the static W8A8 input scale and offset at params[s], s + 1 hold `count` values each (1; experts: E).
+bool act_fit(int *ndims, int64_t **shapes, int s, int64_t count) {
+  for (int i = s; i < s + 2; ++i) {
+    int64_t size = 1;
+    for (int j = 0; j < ndims[i]; ++j) size *= shapes[i][j];
+    if (size != count) return false;
+  }
+  return true;
+}
+bool takes_act(int fmt) { return fmt >= 0 && msw::kFormatRows[fmt].act_params > 0; }
+
 // Whether an op of format `fmt` (-1: float) gets what it takes: the weights at params[w] in the format's container
 // (int8; int4: uint8 bytes) with float32 scales after them (nparam: the op's count with scales; int4: and
 // optionally uint8 zero points after the scales) for a format, in the float dtype without them for -1: 1 (2: with
@@ -94,9 +109,12 @@ int quantized(int fmt, int nparam, const char **dtypes, int w, int with_scales) 
   if (fmt < 0) return nparam == with_scales - 1 ? 0 : -1;
   const bool int4 = msw::kFormatRows[fmt].bits == 4;
   const bool zero = int4 && nparam == with_scales + 1 && is(dtypes[w + 2], "uint8");
-  if (nparam != with_scales + (zero ? 1 : 0) || !is(dtypes[w], int4 ? "uint8" : "int8") ||
+  const int act = msw::kFormatRows[fmt].act_params;  // static W8A8: float32 input scale and offset
+  if (nparam != with_scales + (zero ? 1 : 0) + act || !is(dtypes[w], int4 ? "uint8" : "int8") ||
       msw::dtype_index(dtypes[w + 1]) != msw::kF32)
     return -1;
+  for (int i = 0; i < act; ++i)
+    if (msw::dtype_index(dtypes[w + 2 + i]) != msw::kF32) return -1;
   return zero ? 2 : 1;
 }
 
@@ -130,6 +148,7 @@ int run_linear(int fmt, int nparam, void **params, int *ndims, int64_t **shapes,
   const int64_t groups = q ? scale_groups(fmt, ndims[2], shapes[2], 1, &m, k) : 1;
   if (groups < 1) return 3;
   if (q == 2 && !zeros_fit(ndims, shapes, 2)) return 3;
+  if (takes_act(fmt) && !act_fit(ndims, shapes, 3, 1)) return 3;
   const int64_t out = packed ? m / 2 : m;
   if (n * out == 0) return 0;
   if (k == 0) {
@@ -141,6 +160,8 @@ int run_linear(int fmt, int nparam, void **params, int *ndims, int64_t **shapes,
   call.zero = q == 2 ? static_cast<const uint8_t *>(params[3]) : nullptr;
   call.groups = groups;
   call.format = computed_format(fmt, groups);
+  if (takes_act(fmt))
+    call.in_scale = static_cast<const float *>(params[3]), call.in_offset = static_cast<const float *>(params[4]);
   return body(call, params[1], out, params[y]) ? 0 : 4;
 }
 
@@ -167,6 +188,8 @@ const char *msw_dtype_name(int d) { return d >= 0 && d < msw::kDtypes ? msw::kDt
 const char *msw_path_name(int p) { return p >= 0 && p < msw::kPaths ? msw::kPathNames[p] : nullptr; }
 int msw_path(const char *dtype, int64_t n, int expert, const char *format) {  // format: a row's name, "": float
   const int d = msw::dtype_index(dtype);
+  for (int f = 0; f < msw::kFormats; ++f)
+    if (msw::kFormatRows[f].int8_x && std::string(format) == msw::kFormatRows[f].name) return msw::path_w8a8(n);
   return d < 0 ? -1 : msw::path(d, n, expert != 0, std::string(format) == msw::kFormatRows[msw::kFormatInt8].name);
 }
 int msw_force_path(int p) { return msw::force_path(p); }
@@ -256,14 +279,17 @@ static int moe_gate_up_swiglu_op(int fmt, int nparam, void **params, int *ndims,
       expert_in(fmt, shapes, 2) != shapes[0][1] || shapes[2][1] % 2)
     return 3;
   const int64_t groups = expert_groups(fmt, q, ndims, shapes, 2);
-  if (!groups) return 3;
+  if (!groups || (takes_act(fmt) && !act_fit(ndims, shapes, 4, shapes[2][0]))) return 3;
   const int64_t tokens = shapes[0][0], k = shapes[1][1], experts = shapes[2][0], inter = shapes[2][1] / 2;
   if (tokens * k * inter == 0) return 0;
+  const float *in_scale = takes_act(fmt) ? static_cast<const float *>(params[4]) : nullptr;
+  const float *in_offset = takes_act(fmt) ? static_cast<const float *>(params[5]) : nullptr;
   return msw::moe_gate_up_swiglu(d, params[0], static_cast<const int32_t *>(params[1]), tokens, k, params[2],
                                  experts, shapes[0][1], inter, params[out],
                                  q ? static_cast<const float *>(params[3]) : nullptr, groups,
                                  computed_format(fmt, groups),
-                                 q == 2 ? static_cast<const uint8_t *>(params[4]) : nullptr) ? 0 : 4;
+                                 q == 2 ? static_cast<const uint8_t *>(params[4]) : nullptr, in_scale, in_offset)
+             ? 0 : 4;
 }
 static std::vector<int64_t> moe_gate_up_shape(int *ndims, int64_t **shapes) {
   const int64_t rows = shapes[1][0] < 0 || shapes[1][1] < 0 ? -1 : shapes[1][0] * shapes[1][1];
@@ -282,8 +308,10 @@ static int moe_down_combine_op(int fmt, int nparam, void **params, int *ndims, i
       expert_in(fmt, shapes, 3) != shapes[0][1])
     return 3;
   const int64_t groups = expert_groups(fmt, q, ndims, shapes, 3);
-  if (!groups) return 3;
+  if (!groups || (takes_act(fmt) && !act_fit(ndims, shapes, 5, shapes[3][0]))) return 3;
   const int64_t tokens = shapes[1][0], k = shapes[1][1], hidden = shapes[3][1];
+  const float *in_scale = takes_act(fmt) ? static_cast<const float *>(params[5]) : nullptr;
+  const float *in_offset = takes_act(fmt) ? static_cast<const float *>(params[6]) : nullptr;
   if (tokens * hidden == 0) return 0;
   if (k * shapes[0][1] == 0) {
     std::memset(params[out], 0, tokens * hidden * msw::dtype_size(d));
@@ -293,7 +321,8 @@ static int moe_down_combine_op(int fmt, int nparam, void **params, int *ndims, i
                                static_cast<const float *>(params[2]), tokens, k, params[3], shapes[3][0], hidden,
                                shapes[0][1], params[out], q ? static_cast<const float *>(params[4]) : nullptr,
                                groups, computed_format(fmt, groups),
-                               q == 2 ? static_cast<const uint8_t *>(params[5]) : nullptr) ? 0 : 4;
+                               q == 2 ? static_cast<const uint8_t *>(params[5]) : nullptr, in_scale, in_offset)
+             ? 0 : 4;
 }
 static std::vector<int64_t> moe_down_shape(int *, int64_t **shapes) {
   return {shapes[1][0], shapes[3][1]};
@@ -380,6 +409,15 @@ MSW_INT4_OPS(GateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
 MSW_INT4_OPS(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
 MSW_INT4_OPS(MoeDownCombine, moe_down_combine_op, moe_down_shape)
 #undef MSW_INT4_OPS
+// W8A8, dynamic (per token) and static (per tensor: the input scale and offset after the scales)
+#define MSW_W8A8_OPS(name, impl, infer)                                                                       \
+  MSW_GEMM_OP(Q##name##_w8a8, impl, infer, msw::kFormatW8A8)                                                  \
+  MSW_GEMM_OP(Q##name##_w8a8_static, impl, infer, msw::kFormatW8A8Static)
+MSW_W8A8_OPS(Linear, linear_op, linear_shape)
+MSW_W8A8_OPS(GateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
+MSW_W8A8_OPS(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
+MSW_W8A8_OPS(MoeDownCombine, moe_down_combine_op, moe_down_shape)
+#undef MSW_W8A8_OPS
 MSW_GEMM_OPS(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
 MSW_GEMM_OPS(MoeDownCombine, moe_down_combine_op, moe_down_shape)
 #undef MSW_GEMM_OPS

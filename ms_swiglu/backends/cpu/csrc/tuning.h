@@ -48,6 +48,10 @@ struct Tuning {
   int64_t amx_call_rows;       // weight rows per call of the amx path above one tile of tokens
   int64_t serial_elements;     // a widening pass below this many elements runs in the calling thread
   int64_t experts_per_thread;  // MoE: each expert's GEMM in one thread from this many active experts per thread
+  // W8A8 (w8a8.cc, isa_w8a8.inc).
+  int64_t w8a8_rows_max;        // the row kernel up to this many tokens (every count on an ISA without VNNI)
+  int64_t w8a8_panel_max;       // then the library's panel kernel up to this many, oneDNN's int8 matmul above
+  int64_t w8a8_block_rows;      // panel: weight rows per thread step, their int32 sums [rows, tokens] in L2
   // The skinny kernel (isa_linear.inc).
   SkinnyTiles tiles_32_registers;  // AVX-512
   SkinnyTiles tiles_16_registers;  // AVX2 and the generic build
@@ -105,6 +109,11 @@ constexpr Tuning kTuning = {
     .serial_elements = 1 << 15,
     // one GEMM per thread ran 2x faster at 1 and 16 tokens (Qwen3-30B-A3B experts), level at 256-1024
     .experts_per_thread = 2,
+    // gate_up (llama-7b), one call each: 5 tokens 4.8 ms on the row kernel against 5.2-5.8 on the others; 16 and
+    // 32: 6.0 and 9.2 on the panel kernel against 7.4 and 10.8 on oneDNN; 64: oneDNN 18.6 against 29.5
+    .w8a8_rows_max = 5,
+    .w8a8_panel_max = 32,
+    .w8a8_block_rows = 96,
     // 16-bit at one token +10% with 12 rows over 8; 8 int8 read streams per thread are the read probe's best
     .tiles_32_registers = {12, 8, 8, 4, 4},
     // the 32-register tiles spill: one token 1.13-1.21x with 6 bfloat16 rows than 12, 1.12-1.17x with 4 int8 than 8

@@ -221,11 +221,12 @@ def _quants(row):
 def quant_tables(data):
     """bench_quant: per N, quantized format and calls (the graph with dynamic / static shapes, the library's calls,
     each projection alone at N=1), bfloat16's and the format's median, the speed-up, paired by round, at the
-    format's ceiling, and the fractions of the read probe; the accuracy table where it ran."""
+    format's ceiling, the fractions of the read probe and (W8A8 above one token) of VPDPBUSD's peak; the accuracy
+    table where it ran."""
     columns = [("N", True, False), ("format", False, False), ("calls", False, False), ("bfloat16 ms", True, False),
                ("quantized ms", True, False), ("speed-up", True, False), ("paired (p10-p90)", True, True),
                ("at its ceiling", True, True), ("bfloat16 of read", True, True), ("quantized of read", True, True),
-               ("flag", False, True)]
+               ("of int8 dot peak", True, True), ("flag", False, True)]
     rows = []
     for row in data["speed"]:
         n, flag = row["tokens"], _flag(row["disturbance"])
@@ -240,7 +241,8 @@ def quant_tables(data):
                 rows.append([n, q, label, _ms(b["median_ms"]), _ms(qe["median_ms"]),
                              _x(s["median"] if s else b["median_ms"] / qe["median_ms"]),
                              _paired(s and s.get("paired")), _x(s and s.get("ceiling")),
-                             _pct(b.get("fraction_of_read")), _pct(qe.get("fraction_of_read")), flag])
+                             _pct(b.get("fraction_of_read")), _pct(qe.get("fraction_of_read")),
+                             _pct(qe.get("fraction_of_int8_dot_peak")), flag])
     tables = [table(columns, rows)]
     if data.get("accuracy"):
         tables.append(table([("outliers", False, False), ("scales", False, False), ("max rel", True, False),

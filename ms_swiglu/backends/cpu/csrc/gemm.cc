@@ -379,6 +379,7 @@ std::string tuning_json() {
   const bool vnni = isa().weights[kWeightsW8A8].i8_panel;
   s += ", \"w8a8_rows_max_tokens\": " + (vnni ? std::to_string(kTuning.w8a8_rows_max) : std::string("null"));
   s += ", \"w8a8_panel_max_tokens\": " + (vnni ? std::to_string(kTuning.w8a8_panel_max) : std::string("null"));
+  s += ", \"w8a8_onednn\": " + quoted(vnni ? onednn::s8_impl() : nullptr);  // above the panel range
   s += ", \"bfloat16_x_dot\": " + quoted(isa().weights[kWeightsBF16].skinny_bf16 ? "vdpbf16ps" : nullptr);
   return s + "}";
 }

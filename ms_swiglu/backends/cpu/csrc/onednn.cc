@@ -184,6 +184,7 @@ struct Matmul {
   dnnl_primitive_t primitive = nullptr;
   dnnl_memory_desc_t md[5] = {};  // src, weights, dst, scratchpad, the weights' scales (int8 weights)
   size_t scratch = 0;             // the scratchpad's bytes
+  std::string impl;               // oneDNN's name for its implementation ("brg_matmul:avx512_core_vnni")
   ~Matmul() {
     if (primitive) api->primitive_destroy(primitive);
     for (dnnl_memory_desc_t m : md)
@@ -226,6 +227,8 @@ std::shared_ptr<Matmul> matmul(const Api &a, int a_d, int b_d, int c_d, int64_t 
   for (int i = 0; i < 3; ++i) ok = ok && a.md_create(&mm->md[i], 2, dims[i], types[i], strides[i]) == dnnl_success;
   ok = ok && a.matmul_pd_create(&pd, a.engine, mm->md[0], mm->md[1], nullptr, mm->md[2], attr) == dnnl_success &&
        !reference(a, pd);
+  const char *impl = nullptr;
+  if (ok && a.pd_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) mm->impl = impl;
   const_dnnl_memory_desc_t scratch = ok ? a.pd_query_md(pd, dnnl_query_scratchpad_md, 0) : nullptr;
   if (scratch && a.md_size(scratch) > 0) ok = ok && a.md_clone(&mm->md[3], scratch) == dnnl_success;
   mm->scratch = mm->md[3] ? a.md_size(mm->md[3]) : 0;
@@ -306,7 +309,19 @@ bool takes(int d) {
 
 bool takes_s8() {
   static std::atomic<int> known[kDtypes] = {-1, -1, -1};
-  return once(known, 0, [](const Api &ap) { return matmul(ap, kS8, kS8, kS32, 2, 16, 16, 16) != nullptr; });
+  return once(known, 0, [](const Api &ap) { return matmul(ap, kS8, kS8, kS32, 64, 256, 256, 256) != nullptr; });
+}
+
+const char *s8_impl() {  // (never binds: the Python side binds MindSpore's copy first)
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (!g_tried || !g_api.engine) return nullptr;
+  }
+  static const std::string impl = [] {
+    const std::shared_ptr<Matmul> mm = takes_s8() ? matmul(g_api, kS8, kS8, kS32, 64, 256, 256, 256) : nullptr;
+    return mm ? mm->impl : std::string();
+  }();
+  return impl.empty() ? nullptr : impl.c_str();
 }
 
 bool takes_q8(int a_d) {

@@ -30,5 +30,8 @@ bool gemm_s8(const int8_t *a, int64_t na, const int8_t *b, int64_t nb, int64_t k
 bool takes(int d);
 bool takes_q8(int a_d);  // whether gemm_q8 runs a in dtype a_d
 bool takes_s8();         // whether gemm_s8 runs
+// oneDNN's name for the implementation of its int8 matmul on this CPU (its ISA: avx512_core_vnni, or
+// avx512_core_amx on AMX-INT8 tiles); nullptr without one
+const char *s8_impl();
 
 }  // namespace msw::onednn

@@ -95,12 +95,12 @@ def test_a_split_that_cuts_a_group_or_a_byte_is_refused_with_the_numbers():
 
 def test_backends_declare_how_they_compute_each_format():
     """As data: the cpu backend runs the formats of its library's rows on its kernels (int8 per row, and per group
-    of any size; int4) and dequantizes the others in the graph; ascend's quantized matmuls take weight-only int8, int4 in
+    of any size; int4; W8A8 dynamic and static) and dequantizes any other in the graph; ascend's quantized matmuls take weight-only int8, int4 in
     groups of a multiple of 32 and W8A8, and refuse the rest; ge dequantizes weight-only formats and refuses int8
     activations; composite dequantizes every one."""
     from ms_swiglu.backends.cpu import kernels
 
-    assert kernels.formats() == ("int8", "int8-group", "int4-group")
+    assert kernels.formats() == ("int8", "int8-group", "int4-group", "w8a8", "w8a8-static")
     names = ("int8", "int8-g128", "int8-g64", "int4-g128", "int4-g32-zp", "int4-g16", "w8a8", "w8a8-static")
     table = {name: {b: backend(b).formats(formats.get(name)) for b in ("cpu", "ascend", "ge", "composite", "akg")}
              for name in names}
@@ -112,8 +112,8 @@ def test_backends_declare_how_they_compute_each_format():
         "int4-g128": {"cpu": k, "ascend": k, "ge": g, "composite": g, "akg": g},
         "int4-g32-zp": {"cpu": k, "ascend": k, "ge": g, "composite": g, "akg": g},
         "int4-g16": {"cpu": k, "ascend": None, "ge": g, "composite": g, "akg": g},  # antiquant_group_size % 32
-        "w8a8": {"cpu": g, "ascend": k, "ge": None, "composite": g, "akg": g},
-        "w8a8-static": {"cpu": g, "ascend": k, "ge": None, "composite": g, "akg": g}}
+        "w8a8": {"cpu": k, "ascend": k, "ge": None, "composite": g, "akg": g},
+        "w8a8-static": {"cpu": k, "ascend": k, "ge": None, "composite": g, "akg": g}}
 
 
 def test_the_library_takes_each_format_by_its_rows_name_only():
@@ -135,9 +135,13 @@ def test_the_library_takes_each_format_by_its_rows_name_only():
     with pytest.raises(ValueError, match="status 3"):
         kernels.run("QLinear_int8", x, q, grouped, np.zeros((2, 8), np.float32), dtype="float32")
     assert kernels.op_name("GateUpSwiglu", "int4-g32-zp") == "QGateUpSwiglu_int4_group_zp"
+    assert kernels.op_name("Linear", "w8a8-static") == "QLinear_w8a8_static"
+    unknown = formats.get("w8a8")
+    unknown = type(unknown)(unknown.activation)
+    unknown.kernel = "int2"  # a format whose row the library does not have
     with pytest.raises(ValueError, match="expected a format of the library's rows"):
-        kernels.op_name("Linear", "w8a8")
-    assert kernels.has_op("MoeDownCombine", "int4-g128") and not kernels.has_op("MoeDownCombine", "w8a8")
+        kernels.op_name("Linear", unknown)
+    assert kernels.has_op("MoeDownCombine", "w8a8") and not kernels.has_op("MoeDownCombine", unknown)
 
 
 # ---- the published formats, read from checkpoints written by tests/quant_checkpoint.py ----------------------------

@@ -70,6 +70,7 @@ from ms_swiglu.checkpoint import to_bf16_bits
 from ms_swiglu.config import preset as preset_shape, PRESETS
 from ms_swiglu import quant as formats
 from ms_swiglu.quant.base import Activation
+from ms_swiglu.tools.bench_mlp import TorchPeer
 from ms_swiglu.tools.probes import (Ceiling, ProbeError, graph_call, host_probes, machine_line, peaks, read_rates,
                                     read_sum)
 from ms_swiglu.tools.timing import SETTLE_S, HostSpeed, add_settle_option, paired, watched, write_json
@@ -230,7 +231,8 @@ def conversion_peak(machine_peaks):
     return name, gflops / 2 if gflops else None
 
 
-def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8",), shapes=SHAPES, repeat=1):
+def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8",), shapes=SHAPES, repeat=1,
+          peer_python=None):
     import mindspore as ms  # noqa: PLC0415
 
     ms.set_device("CPU")
@@ -264,6 +266,8 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
     big = np.ones(READ_PROBE_FLOATS, np.float32)
     rows, host, graph_call_probe = [], HostSpeed(host_probes()), graph_call()
     library = {f"{name} library": _library(mlps, repeat) for name, mlps in chains.items()}
+    # the peer: PyTorch's eager LlamaMLP in bfloat16, the weights a quantized checkpoint dequantizes to
+    peer = TorchPeer(peer_python, hidden, inter, "bfloat16", layers * repeat) if peer_python else None
     for n in tokens:
         x32 = np.random.default_rng(n).standard_normal((n, hidden)).astype(np.float32)
         x, bits = ms.Tensor(x32).astype(ms.bfloat16), to_bf16_bits(x32)
@@ -275,6 +279,9 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
                                      f"(max |diff| of the bits {np.abs(graph.astype(int) - direct).max()})")
         variants.update({key: (lambda call=call: call(bits)) for key, call in library.items()})
         variants["graph call"] = graph_call_probe
+        if peer:
+            peer.tokens(n)
+            variants["peer-torch"] = peer.run
         if n == 1 and not unmeasured:
             variants["read probe"] = lambda: read_sum(big)
             projections = {name: _projections(mlps, bits) for name, mlps in chains.items()}
@@ -292,6 +299,12 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
             row[key]["over_library_ms"] = (stats[key]["median_s"] - stats[f"{name} library"]["median_s"]) * 1e3
         for name in chains:
             row[f"{name} library"] = _entry(stats, f"{name} library", nbytes[name])
+        if peer:
+            row["peer-torch"] = _entry(stats, "peer-torch", nbytes["bfloat16"])
+            for q in quants:  # the format's graph (the first shapes') against the peer, each round's pair
+                g = _graph_name(q, shapes[0])
+                row[f"{q}/peer speedup"] = {"median": stats["peer-torch"]["median_s"] / stats[g]["median_s"],
+                                            "paired": paired(stats, "peer-torch", g)}
         row_peak = None  # the conversion peak at N=1
         if read:
             row["projections"] = {proj: {name: _entry(stats, f"{name} {proj}", p[proj][1])
@@ -334,6 +347,12 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
         for q in quants:
             _print_row(row, q)
             _print_projections(row, q)
+            if peer:
+                s = row[f"{q}/peer speedup"]
+                print(f"        PyTorch eager (bfloat16) {row['peer-torch']['median_ms']:8.2f} ms: {q} "
+                      f"{s['median']:.2f}x ({_paired(s['paired'])})", flush=True)
+    if peer:
+        peer.close()
     return rows
 
 
@@ -453,6 +472,8 @@ def main(argv=None):
                    help="the graphs timed: compiled for any number of tokens (dynamic) and / or per token count (static)")
     add_settle_option(p)
     p.add_argument("--accuracy", action="store_true", help="also the accuracy figures (NumPy, float64)")
+    p.add_argument("--peer-python", help="an interpreter with torch: PyTorch's eager MLP on the weights in bfloat16 "
+                                         "(what a quantized checkpoint dequantizes to) joins the interleaved calls")
     p.add_argument("--json")
     args = p.parse_args(argv)
     hidden, inter = preset_shape(args.preset)
@@ -464,7 +485,7 @@ def main(argv=None):
         result["accuracy"] = accuracy(hidden, inter)
     try:
         result["speed"] = speed(hidden, inter, args.tokens, args.layers, args.rounds, args.settle, args.quant,
-                                args.shapes, args.repeat)
+                                args.shapes, args.repeat, args.peer_python)
     except ProbeError as e:  # a ceiling not measured, or a figure above it: no report rather than a wrong one
         print(f"bench_quant: refused: {e}", file=sys.stderr)
         return 1

@@ -218,6 +218,10 @@ def _quants(row):
     return out
 
 
+def _graph_name_of(row, q):
+    return q if row["shapes"][0] == "dynamic" else f"{q} {row['shapes'][0]}"
+
+
 def quant_tables(data):
     """bench_quant: per N, quantized format and calls (the graph with dynamic / static shapes, the library's calls,
     each projection alone at N=1), bfloat16's and the format's median, the speed-up, paired by round, at the
@@ -237,6 +241,9 @@ def quant_tables(data):
             calls.append(("library", row["bfloat16 library"], row[f"{q} library"], None))
             calls += [(f"{proj} alone", e["bfloat16"], e[q], e[f"{q}/bf16 speedup"])
                       for proj, e in row.get("projections", {}).items()]
+            if "peer-torch" in row:  # (its "bfloat16 ms": PyTorch's eager MLP on the dequantized weights)
+                calls.append(("graph vs PyTorch eager", row["peer-torch"],
+                              row[_graph_name_of(row, q)], row[f"{q}/peer speedup"]))
             for label, b, qe, s in calls:
                 rows.append([n, q, label, _ms(b["median_ms"]), _ms(qe["median_ms"]),
                              _x(s["median"] if s else b["median_ms"] / qe["median_ms"]),

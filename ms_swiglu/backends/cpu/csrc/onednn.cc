@@ -307,9 +307,14 @@ bool takes(int d) {
   });
 }
 
+namespace {
+// an int8 matmul of a small shape: whether oneDNN has one, and its implementation's name
+std::shared_ptr<Matmul> s8_probe(const Api &ap) { return matmul(ap, kS8, kS8, kS32, 64, 256, 256, 256); }
+}  // namespace
+
 bool takes_s8() {
   static std::atomic<int> known[kDtypes] = {-1, -1, -1};
-  return once(known, 0, [](const Api &ap) { return matmul(ap, kS8, kS8, kS32, 64, 256, 256, 256) != nullptr; });
+  return once(known, 0, [](const Api &ap) { return s8_probe(ap) != nullptr; });
 }
 
 const char *s8_impl() {  // (never binds: the Python side binds MindSpore's copy first)
@@ -318,7 +323,7 @@ const char *s8_impl() {  // (never binds: the Python side binds MindSpore's copy
     if (!g_tried || !g_api.engine) return nullptr;
   }
   static const std::string impl = [] {
-    const std::shared_ptr<Matmul> mm = takes_s8() ? matmul(g_api, kS8, kS8, kS32, 64, 256, 256, 256) : nullptr;
+    const std::shared_ptr<Matmul> mm = takes_s8() ? s8_probe(g_api) : nullptr;
     return mm ? mm->impl : std::string();
   }();
   return impl.empty() ? nullptr : impl.c_str();

@@ -379,7 +379,7 @@ TypeId AddInferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[
 
 }  // extern "C"
 
-// ---- the GEMM ops, float and weight-only int8 (each its own name: MindSpore keeps one registration per aot op)
+// ---- the GEMM ops, float and quantized (each its own name: MindSpore keeps one registration per aot op)
 extern "C" {
 
 #define MSW_GEMM_OP(name, impl, infer, fmt)                                                                    \
@@ -392,32 +392,19 @@ extern "C" {
   }                                                                                                            \
   TypeId name##InferType(std::vector<TypeId> type_ids, AotExtra *) { return type_ids[0]; }
 
-// each op for float weights (-1) and for every format of kFormatRows, named after it
+// each op for float weights (-1) and for every format of kFormatRows, named after it (int4 also with zero points,
+// _zp: MindSpore keeps one registration, so one input count, per name)
 #define MSW_GEMM_OPS(name, impl, infer)                                                                        \
   MSW_GEMM_OP(name, impl, infer, -1)                                                                           \
   MSW_GEMM_OP(Q##name##_int8, impl, infer, msw::kFormatInt8)                                                  \
-  MSW_GEMM_OP(Q##name##_int8_group, impl, infer, msw::kFormatInt8Group)
+  MSW_GEMM_OP(Q##name##_int8_group, impl, infer, msw::kFormatInt8Group)                                       \
+  MSW_GEMM_OP(Q##name##_int4_group, impl, infer, msw::kFormatInt4Group)                                       \
+  MSW_GEMM_OP(Q##name##_int4_group_zp, impl, infer, msw::kFormatInt4Group)                                    \
+  MSW_GEMM_OP(Q##name##_w8a8, impl, infer, msw::kFormatW8A8)                                                  \
+  MSW_GEMM_OP(Q##name##_w8a8_static, impl, infer, msw::kFormatW8A8Static)
 
 MSW_GEMM_OPS(Linear, linear_op, linear_shape)
 MSW_GEMM_OPS(GateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
-// int4, without and with zero points (_zp: MindSpore keeps one registration, so one input count, per name)
-#define MSW_INT4_OPS(name, impl, infer)                                                                        \
-  MSW_GEMM_OP(Q##name##_int4_group, impl, infer, msw::kFormatInt4Group)                                       \
-  MSW_GEMM_OP(Q##name##_int4_group_zp, impl, infer, msw::kFormatInt4Group)
-MSW_INT4_OPS(Linear, linear_op, linear_shape)
-MSW_INT4_OPS(GateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
-MSW_INT4_OPS(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
-MSW_INT4_OPS(MoeDownCombine, moe_down_combine_op, moe_down_shape)
-#undef MSW_INT4_OPS
-// W8A8, dynamic (per token) and static (per tensor: the input scale and offset after the scales)
-#define MSW_W8A8_OPS(name, impl, infer)                                                                       \
-  MSW_GEMM_OP(Q##name##_w8a8, impl, infer, msw::kFormatW8A8)                                                  \
-  MSW_GEMM_OP(Q##name##_w8a8_static, impl, infer, msw::kFormatW8A8Static)
-MSW_W8A8_OPS(Linear, linear_op, linear_shape)
-MSW_W8A8_OPS(GateUpSwiglu, gate_up_swiglu_op, gate_up_shape)
-MSW_W8A8_OPS(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
-MSW_W8A8_OPS(MoeDownCombine, moe_down_combine_op, moe_down_shape)
-#undef MSW_W8A8_OPS
 MSW_GEMM_OPS(MoeGateUpSwiglu, moe_gate_up_swiglu_op, moe_gate_up_shape)
 MSW_GEMM_OPS(MoeDownCombine, moe_down_combine_op, moe_down_shape)
 #undef MSW_GEMM_OPS

@@ -190,7 +190,10 @@ def expected_tables(tool, data):
         accuracy = [{"outliers": a["outliers"], "scales": a["scales"], "max rel": f"{a['max_rel']:.4f}",
                      "mean rel": f"{a['mean_rel']:.5f}", "Frobenius rel": f"{a['frobenius_rel']:.4f}"}
                     for a in data["accuracy"]]
-        return [rows, accuracy]
+        peaks = next((r["multiply_peaks"] for r in data["speed"] if r.get("multiply_peaks")), {})
+        ceilings = [{"multiply peak above one token": k, "GOP/s": f"{v:.0f}",
+                     "vs float32 FMA": _x(v / peaks["fma_float32"])} for k, v in peaks.items() if v]
+        return [rows, *([ceilings] if ceilings else []), accuracy]
     runs = [{"shape": c["shape"], "dtype": c["dtype"], "T": str(c["tokens"]),
              "moe ms": f"{c['moe']['median_s'] * 1e3:.2f}", "dense ms": f"{c['dense']['median_s'] * 1e3:.2f}",
              "moe/dense": _x(c["moe_over_dense"]), "moe/dense (min)": _x(c["moe_over_dense_min"]),

@@ -1,7 +1,8 @@
 """The cpu library's W8A8 rows (``w8a8``: QLinear_w8a8, QGateUpSwiglu_w8a8 and the experts' ops; ``w8a8-static``:
 the same with the input scale and offset) against NumPy on every instruction set the CPU has (conftest.on_isa: the
 others skip naming theirs) and every path: the row kernel (VPDPBUSD with x shifted by 128 and the weights' sums
-taken off; VPMADDWD on int16 elsewhere; scalar), oneDNN's int8 matmul and the library's own panel kernel.
+taken off; VPMADDWD on int16 elsewhere; scalar), oneDNN's int8 matmul and the library's own panel kernel (VPDPBUSD;
+on AVX2 VPMADDUBSW on |w| and x signed by w, or VPMADDWD where x holds -128 or an offset).
 
 The arithmetic is integer, so the reference is exact: x quantized in NumPy with the same float32 steps (x / s,
 rounded half to even), the products summed in int64, then float32(sum) * s_x * scale rounded once to the dtype;
@@ -112,8 +113,8 @@ def test_w8a8_gate_up_swiglu_on_every_isa(isa):
 
 def test_w8a8_sums_at_the_ends_of_the_grid_do_not_saturate():
     """Every weight -128 and every activation at the top of its grid (127; static: -128 after the offset), over
-    k = 4099: sums of +-2^16 magnitude per pair of products and 6.7e7 in all, exact on every ISA (VPMADDUBSW would
-    saturate the pairs; a sign trick would wrap -128)."""
+    k = 4099: sums of +-2^16 magnitude per pair of products and 6.7e7 in all, exact on every ISA and path
+    (VPMADDUBSW on x + 128 would saturate the pairs; on |w| and x signed by w, 2 * 128 * 127 fits int16)."""
     k = 4099
     q = np.full((5, k), -128, np.int8)
     scale = np.full(5, 1e-6, F32)
@@ -122,10 +123,11 @@ def test_w8a8_sums_at_the_ends_of_the_grid_do_not_saturate():
             for x, static in ((np.full((3, k), -2.5, F32), None), (np.full((3, k), -9.0, F32), (F32(0.05), F32(0)))):
                 op = "QLinear_w8a8_static" if static else "QLinear_w8a8"
                 extra = (np.array([static[0]]), np.array([static[1]])) if static else ()
-                for n in (1, 3):
-                    y = kernels.run(op, x[:n], q, scale, *extra, np.zeros((n, 5), F32), dtype="float32")
+                for n, path in ((1, None), (3, None), (3, "panel")):
+                    with kernels.forced_path(path) if path else contextlib.nullcontext():
+                        y = kernels.run(op, x[:n], q, scale, *extra, np.zeros((n, 5), F32), dtype="float32")
                     want = _projection(x[:n], q, scale, static)
-                    assert np.array_equal(y, want), (isa, static, n)
+                    assert np.array_equal(y, want), (isa, static, n, path)
 
 
 @pytest.mark.parametrize("isa", list(ISAS))
@@ -192,18 +194,25 @@ def test_w8a8_bad_parts_are_refused_by_status():
 
 
 def test_w8a8_paths_by_token_count():
-    """With VNNI the row kernel to the tuning table's limit, the library's panel kernel to its own, oneDNN's int8
-    matmul above (the panel kernel where oneDNN is unavailable); without VNNI the row kernel at every count."""
-    limit = kernels.tuning()["w8a8_rows_max_tokens"]
+    """With VNNI the row kernel to the tuning table's limit, the library's panel kernel (VPDPBUSD) to its own,
+    oneDNN's int8 matmul above (the panel kernel where oneDNN is unavailable); on AVX2 the panel kernel (VPMADDUBSW)
+    at every count, oneDNN never (its VPMADDUBSW may saturate); AVX-512 without VNNI and the generic kernel: the row
+    kernel at every count."""
+    vnni = bool({"avx512_vnni", "avx_vnni"} & set(open("/proc/cpuinfo").read().split()))
     for isa in kernels.isas():
         with on_isa(isa):
             t = kernels.tuning()
-            if t["w8a8_dot"] != "vpdpbusd":
+            panel_dot = {"avx512bf16": "vpdpbusd", "avx2": "vpmaddubsw"}.get(isa)
+            assert t["w8a8_panel_dot"] == panel_dot, isa
+            if panel_dot is None:
                 assert t["w8a8_rows_max_tokens"] is None
                 assert {kernels.path("bfloat16", n, "w8a8") for n in (1, 64, 512)} == {"skinny"}
                 continue
-            panel = t["w8a8_panel_max_tokens"]
-            assert kernels.path("bfloat16", limit, "w8a8") == "skinny"
-            assert kernels.path("bfloat16", limit + 1, "w8a8") == kernels.path("float32", panel, "w8a8") == "panel"
-            above = "onednn" if kernels.onednn().startswith("oneDNN") else "panel"
-            assert kernels.path("bfloat16", panel + 1, "w8a8") == above
+            limit, panel = t["w8a8_rows_max_tokens"], t["w8a8_panel_max_tokens"]
+            assert (limit > 0) == (isa == "avx512bf16"), isa  # (AVX2 runs its panel kernel from 1 token)
+            assert kernels.path("bfloat16", limit, "w8a8") == ("skinny" if limit else "panel")
+            assert kernels.path("bfloat16", limit + 1, "w8a8") == "panel"
+            dnn = vnni and kernels.onednn().startswith("oneDNN")
+            assert (panel is not None) == dnn and (t["w8a8_onednn"] is not None) == dnn, isa
+            assert kernels.path("float32", panel or 4096, "w8a8") == "panel"
+            assert kernels.path("bfloat16", (panel or 4096) + 1, "w8a8") == ("onednn" if dnn else "panel")

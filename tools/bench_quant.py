@@ -115,6 +115,18 @@ def _bytes(mlps):
     return sum(p.nbytes for mlp in mlps for p in mlp.get_parameters())
 
 
+# W8A8's ceilings above one token: the float32 FMAs bfloat16 runs on, then each integer dot a W8A8 GEMM could run on
+# (tools/probes.py: peaks; None where the CPU lacks it)
+W8A8_CEILINGS = ("fma_float32", "int8_gemm_vpdpbusd", "int16_gemm_vpmaddwd", "int8_gemm_vpmaddubsw")
+
+
+def w8a8_dot_peak():
+    """The peak (tools/probes.py: peaks) of the instructions the cpu backend's W8A8 GEMM runs on this CPU (the
+    tuning table's ``w8a8_dot``): VPDPBUSD with AVX512-VNNI, else VPMADDWD; None for the scalar kernel."""
+    from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
+    return {"vpdpbusd": "int8_gemm_vpdpbusd", "vpmaddwd": "int16_gemm_vpmaddwd"}.get(kernels.tuning()["w8a8_dot"])
+
+
 def _int8_activations(quant):
     return quant != "bfloat16" and formats.get(quant).activation is not Activation.NONE
 
@@ -240,7 +252,7 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
     print(machine_line())
     try:
         names = (conversion_probe(), "fma_float32", "int16_gemm_vpmaddwd",
-                 *(("int8_gemm_vpdpbusd",) if any(map(_int8_activations, quants)) else ()))
+                 *(W8A8_CEILINGS[1:] if any(map(_int8_activations, quants)) else ()))
         machine_peaks, unmeasured = peaks(names=names), None
     except ProbeError as e:  # a busy host: the times and ratios stand, no figure is given as a fraction of a ceiling
         machine_peaks, unmeasured = None, str(e)
@@ -256,6 +268,10 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
         print(f"above one token: float32 FMA {multiply['fma_float32']:.0f} GFLOP/s; an int16 GEMM's multiplies on "
               f"VPMADDWD {multiply['int16_gemm_vpmaddwd']:.0f} GOP/s "
               f"({multiply['int16_gemm_vpmaddwd'] / multiply['fma_float32']:.2f}x)", flush=True)
+        if any(map(_int8_activations, quants)):
+            print("W8A8's integer dots against the float32 FMAs: " + ", ".join(
+                f"{k} {machine_peaks[k]:.0f} GOP/s ({machine_peaks[k] / multiply['fma_float32']:.2f}x)"
+                for k in W8A8_CEILINGS[1:] if machine_peaks[k]), flush=True)
     chains = {"bfloat16": _chain(hidden, inter, layers, None)}
     chains.update({q: _chain(hidden, inter, layers, q) for q in quants})
     graphs = {_graph_name(name, sh): (name, _graph(mlps, sh, repeat)) for sh in shapes for name, mlps in chains.items()}
@@ -292,7 +308,9 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
         row = {"tokens": n, "shapes": list(shapes), "disturbance": dist, "ceilings_unmeasured": unmeasured,
                "graph_call_ms": {k: stats["graph call"][f"{k}_s"] * 1e3 for k in ("median", "min")}}
         if n > 1 and all(multiply.values()):
-            row["multiply_peaks"] = multiply
+            row["multiply_peaks"] = dict(multiply)
+            if any(map(_int8_activations, quants)):  # W8A8's ceilings: each integer dot's peak against the FMAs'
+                row["multiply_peaks"].update({k: machine_peaks[k] for k in W8A8_CEILINGS[1:]})
         for key, (name, _) in graphs.items():
             row[key] = _entry(stats, key, nbytes[name])
             # the graph's own time per call: its median over the library's calls of the same ops
@@ -326,9 +344,10 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
                 s = row[_graph_name(f"{q}/bf16 speedup", sh)] = {
                     "median": stats[base]["median_s"] / stats[other]["median_s"],
                     "min": stats[base]["min_s"] / stats[other]["min_s"], "paired": paired(stats, base, other)}
-                dot_peak = machine_peaks and machine_peaks.get("int8_gemm_vpdpbusd")
+                dot_peak = machine_peaks and machine_peaks.get(w8a8_dot_peak())
                 if n > 1 and _int8_activations(q) and dot_peak:  # W8A8 above one token: its int8 dots' peak
                     row[other]["fraction_of_int8_dot_peak"] = ops * n / stats[other]["median_s"] / 1e9 / dot_peak
+                    row[other]["int8_dot_peak"] = w8a8_dot_peak()
                 if read and row_peak:
                     # bfloat16's time over int8's at the better of its two ceilings: its conversions at their peak,
                     # its bytes at the read probe's bandwidth or bfloat16's own in these rounds, the higher
@@ -374,7 +393,7 @@ def _print_row(row, q):
             print(f"        {'':27s} the graph's own time per call (median over the library's calls): bf16 "
                   f"{b['over_library_ms']:.2f} ms, {q} {qr['over_library_ms']:.2f} ms", flush=True)
         if "fraction_of_int8_dot_peak" in qr:
-            print(f"        {'':27s} {q}'s int8 x int8 multiplies against VPDPBUSD's peak "
+            print(f"        {'':27s} {q}'s int8 x int8 multiplies against the peak of {qr['int8_dot_peak']} "
                   f"{qr['fraction_of_int8_dot_peak']:.0%}", flush=True)
         if "fraction_of_conversion_peak" in qr:
             ceiling = (f"; at the better of its two ceilings (conversions, bytes at the read probe's or bf16's "

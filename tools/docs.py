@@ -225,8 +225,8 @@ def _graph_name_of(row, q):
 def quant_tables(data):
     """bench_quant: per N, quantized format and calls (the graph with dynamic / static shapes, the library's calls,
     each projection alone at N=1), bfloat16's and the format's median, the speed-up, paired by round, at the
-    format's ceiling, the fractions of the read probe and (W8A8 above one token) of VPDPBUSD's peak; the accuracy
-    table where it ran."""
+    format's ceiling, the fractions of the read probe and (W8A8 above one token) of its integer dot's peak; the
+    multiplies' peaks above one token against the float32 FMAs'; the accuracy table where it ran."""
     columns = [("N", True, False), ("format", False, False), ("calls", False, False), ("bfloat16 ms", True, False),
                ("quantized ms", True, False), ("speed-up", True, False), ("paired (p10-p90)", True, True),
                ("at its ceiling", True, True), ("bfloat16 of read", True, True), ("quantized of read", True, True),
@@ -251,6 +251,12 @@ def quant_tables(data):
                              _pct(b.get("fraction_of_read")), _pct(qe.get("fraction_of_read")),
                              _pct(qe.get("fraction_of_int8_dot_peak")), flag])
     tables = [table(columns, rows)]
+    ceilings = next((row["multiply_peaks"] for row in data["speed"] if row.get("multiply_peaks")), None)
+    if ceilings:  # above one token: each multiply's peak (tools/probes.py: peaks) against the float32 FMAs'
+        tables.append(table([("multiply peak above one token", False, False), ("GOP/s", True, False),
+                             ("vs float32 FMA", True, False)],
+                            [[name, f"{v:.0f}", _x(v / ceilings["fma_float32"])]
+                             for name, v in ceilings.items() if v]))
     if data.get("accuracy"):
         tables.append(table([("outliers", False, False), ("scales", False, False), ("max rel", True, False),
                              ("mean rel", True, False), ("Frobenius rel", True, False)],

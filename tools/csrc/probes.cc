@@ -250,6 +250,23 @@ __attribute__((target("avx2"))) float madd_gemm_loop(int64_t iterations) {
   return float(sink);
 }
 
+// AVX2's int8 dot without VNNI: VPMADDUBSW (32 u8 x s8 products summed in pairs to int16), VPMADDWD by ones (the
+// pairs' sums to int32) and VPADDD, 12 accumulators, operands in registers.
+__attribute__((target("avx2"))) float maddubs_gemm_loop(int64_t iterations) {
+  __m256i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi32(i);
+  __m256i w0 = _mm256_set1_epi8(3), w1 = _mm256_set1_epi8(-5), x = _mm256_set1_epi8(7);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t it = 0; it < iterations; ++it) {
+    __asm__("" : "+x"(w0), "+x"(w1), "+x"(x));  // (not loop invariants: the products are issued every time)
+    for (int i = 0; i < 12; ++i)
+      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(x, i % 2 ? w1 : w0), ones));
+  }
+  int64_t sink = 0;
+  for (int i = 0; i < 12; ++i) sink += _mm256_extract_epi32(acc[i], 0);
+  return float(sink);
+}
+
 // One thread's TDPBF16PS: 6 accumulating tiles (16x16 float32 each) fed by 16x32 bfloat16 A and B tiles already
 // in registers; false where the kernel does not give AMX to this thread.
 __attribute__((target("amx-tile,amx-bf16"))) bool amx_loop(int64_t iterations) {
@@ -394,6 +411,13 @@ double probe_madd_peak(int threads, int64_t iterations) {
 double probe_madd_gemm_peak(int threads, int64_t iterations) {
   if (!__builtin_cpu_supports("avx2")) return -1.0;
   return loop_rate(threads, iterations, madd_gemm_loop, 12 * 16 * 2);
+}
+
+// A W8A8 GEMM's multiplies on AVX2's VPMADDUBSW (maddubs_gemm_loop: 32 multiplies per VPMADDUBSW), in OP/s (2 per
+// multiply) on `threads` threads; -1 where the CPU lacks AVX2.
+double probe_maddubs_gemm_peak(int threads, int64_t iterations) {
+  if (!__builtin_cpu_supports("avx2")) return -1.0;
+  return loop_rate(threads, iterations, maddubs_gemm_loop, 12 * 32 * 2);
 }
 
 void probe_add(const float *a, const float *b, float *c, int64_t n) {

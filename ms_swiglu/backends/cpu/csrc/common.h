@@ -168,6 +168,8 @@ struct WeightTraits {
   void (*i8_rows)(const void *xp, int64_t n, int64_t ldx, int64_t k, const int8_t *w, int64_t m, int32_t *acc,
                   int64_t lda, int32_t c);
   void (*i8_panel)(const void *xp, int64_t np, int64_t k, const int8_t *w, int64_t m, int32_t *acc, int32_t c);
+  const char *i8_panel_dot;  // the panel kernel's instruction
+  bool i8_rows_first;        // the row kernel below the panel's tokens (kTuning.w8a8_rows_max), else the panel's
   const char *i8_dot;
 };
 

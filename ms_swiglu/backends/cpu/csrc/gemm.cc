@@ -321,12 +321,12 @@ Path path(int d, int64_t n, bool expert, bool q8) {
 
 Path path_w8a8(int64_t n) {
   const int forced = g_forced;
-  if (!isa().weights[kWeightsW8A8].i8_panel) return kSkinny;
+  const WeightTraits &w8 = isa().weights[kWeightsW8A8];
+  if (!w8.i8_panel) return kSkinny;
   if (forced == kSkinny || forced == kPanel) return Path(forced);
-  if (forced < 0 && n <= kTuning.w8a8_rows_max) return kSkinny;
+  if (forced < 0 && w8.i8_rows_first && n <= kTuning.w8a8_rows_max) return kSkinny;
   if (forced < 0 && n <= kTuning.w8a8_panel_max) return kPanel;
-  // oneDNN's int8 matmul only with VNNI (the ISA here has it): without, its VPMADDUBSW may saturate
-  return onednn::takes_s8() ? kOnednn : kPanel;
+  return onednn::takes_s8() ? kOnednn : kPanel;  // (oneDNN's int8 matmul only where it is exact: onednn.cc)
 }
 
 int force_path(int p) { return g_forced.exchange(p >= 0 && p < kPaths ? p : -1); }
@@ -375,11 +375,14 @@ std::string tuning_json() {
   s += ", \"int8_one_token_dot\": " + quoted(isa().weights[kWeightsInt8].dot);
   // bfloat16 x read as it is by the skinny kernel (int8 rows with group-wise scales: widened times them to bfloat16)
   // W8A8: the integer dot, and the row kernel's tokens (the panel kernel above, where the ISA has one)
-  s += ", \"w8a8_dot\": " + quoted(isa().weights[kWeightsW8A8].i8_dot);
-  const bool vnni = isa().weights[kWeightsW8A8].i8_panel;
-  s += ", \"w8a8_rows_max_tokens\": " + (vnni ? std::to_string(kTuning.w8a8_rows_max) : std::string("null"));
-  s += ", \"w8a8_panel_max_tokens\": " + (vnni ? std::to_string(kTuning.w8a8_panel_max) : std::string("null"));
-  s += ", \"w8a8_onednn\": " + quoted(vnni ? onednn::s8_impl() : nullptr);  // above the panel range
+  // (null: the kernel at every count above the previous one)
+  const WeightTraits &w8 = isa().weights[kWeightsW8A8];
+  const bool panel = w8.i8_panel, dnn = panel && onednn::takes_s8();
+  s += ", \"w8a8_dot\": " + quoted(w8.i8_dot) + ", \"w8a8_panel_dot\": " + quoted(w8.i8_panel_dot);
+  const int64_t rows_max = w8.i8_rows_first ? kTuning.w8a8_rows_max : 0;
+  s += ", \"w8a8_rows_max_tokens\": " + (panel ? std::to_string(rows_max) : std::string("null"));
+  s += ", \"w8a8_panel_max_tokens\": " + (dnn ? std::to_string(kTuning.w8a8_panel_max) : std::string("null"));
+  s += ", \"w8a8_onednn\": " + quoted(dnn ? onednn::s8_impl() : nullptr);  // above the panel range
   s += ", \"bfloat16_x_dot\": " + quoted(isa().weights[kWeightsBF16].skinny_bf16 ? "vdpbf16ps" : nullptr);
   return s + "}";
 }

@@ -313,8 +313,10 @@ std::shared_ptr<Matmul> s8_probe(const Api &ap) { return matmul(ap, kS8, kS8, kS
 }  // namespace
 
 bool takes_s8() {
+  // exact only where oneDNN has VPDPBUSD: without, its VPMADDUBSW on x + 128 may saturate
+  static const bool vnni = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
   static std::atomic<int> known[kDtypes] = {-1, -1, -1};
-  return once(known, 0, [](const Api &ap) { return s8_probe(ap) != nullptr; });
+  return vnni && once(known, 0, [](const Api &ap) { return s8_probe(ap) != nullptr; });
 }
 
 const char *s8_impl() {  // (never binds: the Python side binds MindSpore's copy first)

@@ -49,7 +49,7 @@ struct Tuning {
   int64_t serial_elements;     // a widening pass below this many elements runs in the calling thread
   int64_t experts_per_thread;  // MoE: each expert's GEMM in one thread from this many active experts per thread
   // W8A8 (w8a8.cc, isa_w8a8.inc).
-  int64_t w8a8_rows_max;        // the row kernel up to this many tokens (every count on an ISA without VNNI)
+  int64_t w8a8_rows_max;        // the row kernel to this many tokens where it runs first (WeightTraits::i8_rows_first)
   int64_t w8a8_panel_max;       // then the library's panel kernel up to this many, oneDNN's int8 matmul above
   int64_t w8a8_block_rows;      // panel: weight rows per thread step, their int32 sums [rows, tokens] in L2
   // The skinny kernel (isa_linear.inc).

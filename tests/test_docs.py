@@ -142,7 +142,18 @@ def moe_result(machine, date, scale):
                      "rounds": 7, "no_probes": False, "json": "m.json"}, "date": date}
 
 
-RESULTS = {"bench_mlp": mlp_result, "bench_quant": quant_result, "bench_moe": moe_result}
+def moe_quant_result(machine, date, scale):
+    """A bench_moe_quant JSON in the shape bench_moe_quant.run / main write."""
+    results = [{"tokens": 1, "quant": q, "min_ms": 0.9 * ms, "median_ms": ms, "speedup_vs_int8": 4.0 * scale / ms,
+                "paired": {"median": 1.3, "p10": 1.2, "p90": 1.4} if q != "int8" else None,
+                "weights_gbps": 30.0 / scale} for q, ms in (("int8", 4.0 * scale), ("int4-g128", 3.0 * scale))]
+    return {"machine": machine, "shape": "qwen3-30b-a3b", "layers": 3, "results": results, "date": date,
+            "args": {"shape": "qwen3-30b-a3b", "quant": ["int8", "int4-g128"], "layers": 3, "tokens": [1],
+                     "rounds": 7, "json": "q.json"}}
+
+
+RESULTS = {"bench_mlp": mlp_result, "bench_quant": quant_result, "bench_moe": moe_result,
+           "bench_moe_quant": moe_quant_result}
 
 
 def _x(v):
@@ -194,6 +205,11 @@ def expected_tables(tool, data):
         ceilings = [{"multiply peak above one token": k, "GOP/s": f"{v:.0f}",
                      "vs float32 FMA": _x(v / peaks["fma_float32"])} for k, v in peaks.items() if v]
         return [rows, *([ceilings] if ceilings else []), accuracy]
+    if tool == "bench_moe_quant":
+        return [[{"T": str(r["tokens"]), "experts": r["quant"], "min ms": f"{r['min_ms']:.2f}",
+                  "median ms": f"{r['median_ms']:.2f}", "vs int8": _x(r["speedup_vs_int8"]),
+                  "paired (p10-p90)": _paired(r["paired"]) if r["paired"] else "-",
+                  "weights GB/s": f"{r['weights_gbps']:.1f}"} for r in data["results"]]]
     runs = [{"shape": c["shape"], "dtype": c["dtype"], "T": str(c["tokens"]),
              "moe ms": f"{c['moe']['median_s'] * 1e3:.2f}", "dense ms": f"{c['dense']['median_s'] * 1e3:.2f}",
              "moe/dense": _x(c["moe_over_dense"]), "moe/dense (min)": _x(c["moe_over_dense_min"]),
@@ -285,7 +301,9 @@ def test_performance_doc_has_a_section_per_machine_kind_with_the_latest_run_of_e
             for name, settings in (("ms-swiglu bench", "--preset llama-7b --layers 1 --rounds 3 --peer-python (torch)"),
                                    ("python -m ms_swiglu.tools.bench_quant",
                                     "--preset llama-7b --layers 3 --repeat 1 --rounds 7"),
-                                   ("python -m ms_swiglu.tools.bench_moe", "--backend cpu --rounds 7"))]
+                                   ("python -m ms_swiglu.tools.bench_moe", "--backend cpu --rounds 7"),
+                                   ("python -m ms_swiglu.tools.bench_moe_quant",
+                                    "--shape qwen3-30b-a3b --layers 3 --rounds 7"))]
         tools = split(body, 3)
         assert list(tools) == list(RESULTS)
         for tool in RESULTS:

@@ -132,3 +132,73 @@ def test_int4_experts_against_numpy_on_every_isa(isa):
 def _to_dtype(a, dtype):
     """float64 values as the dtype holds them (bfloat16 as its bits)."""
     return to_bf16_bits(a.astype(np.float32)) if dtype == "bfloat16" else a.astype(kernels.NP_DTYPES[dtype])
+
+
+def _split_x(x64):
+    """The AVX2 kernels' x at one token (isa_linear.inc: split_x): per block of 32 elements, max |x| < 2^e, each
+    element rounded to nearest-even on the grid 2^(e - 15) and clamped to +-32767 units."""
+    xt = x64.reshape(-1, 32)
+    top = np.abs(xt).max(1, keepdims=True)
+    e = np.frexp(top)[1].astype(np.float64)  # top < 2^e (0 for a block of zeros)
+    unit = np.where(top > 0, 2.0 ** (e - 15), 0.0)
+    parts = np.clip(np.rint(np.divide(xt, unit, out=np.zeros_like(xt), where=unit > 0)), -32767, 32767)
+    return (parts * unit).reshape(x64.shape), (top * np.ones_like(xt)).reshape(x64.shape)
+
+
+def _run_one_token(w, scale, zero, x32, dtype):
+    """QLinear_int4_group[_zp] on one token: (y in float64, x in float64 as the dtype holds it)."""
+    x = to_bf16_bits(x32[None]) if dtype == "bfloat16" else x32[None].astype(np.float16)
+    parts = (w, scale) + ((zero,) if zero is not None else ())
+    y = kernels.run(f"QLinear_int4_group{'_zp' if zero is not None else ''}", x, *parts,
+                    np.zeros((1, len(w)), kernels.NP_DTYPES[dtype]), dtype=dtype)
+    return _out(y, dtype)[0], _out(x, dtype)[0]
+
+
+def _model(w64, scale, zero, group, x64):
+    """The AVX2 kernel's sum in float64: the nibbles and the zero points' term against x as split_x rounds it;
+    the sum of the terms' magnitudes; and the rows' sum |w| * block max (x's rounding is below 2^-15 of it)."""
+    s = np.repeat(scale, group, 1).astype(np.float64)
+    z = np.repeat(zero, group, 1).astype(np.float64) if zero is not None else 8.0
+    u = w64 / s + z
+    xr, top = _split_x(x64)
+    return (u * s) @ xr - (z * s) @ xr, np.abs(u * s) @ np.abs(xr) + np.abs(z * s) @ np.abs(xr), np.abs(w64) @ top
+
+
+UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # of y's final rounding to the dtype
+
+
+def test_int4_one_token_on_avx2_vpmaddwd_against_its_modelled_rounding():
+    """AVX2 at one token of 16-bit x (``int4_one_token_dot``: VPMADDWD): x rounded to int16 parts per block of 32
+    (:func:`_split_x`), the nibbles' products summed exactly in int32 per block, the group's scale after, less
+    z * s times the group's sum of the same rounded x. Against that model in float64 the kernel's float32 sums differ by
+    at most (k / 32 + groups + 16) * 2^-24 * sum |terms| (each rounding <= 2^-24 of its running sum, in chains of
+    k / 32 blocks, the groups, the eight lanes' sum and the term), then y's rounding to the dtype (its unit
+    roundoff). The model differs from the exact product by x's rounding: an element moves by at most half its unit,
+    2^(e - 16), below 2^-15 of its block's max |x| (>= 2^(e - 1)). x spans 2^-12..2^4 within each row, so blocks of very different scales meet; and a block whose
+    small elements round to 0 beside a large one (its weight 0) gives 0, as the model does."""
+    with on_isa("avx2"):
+        assert kernels.tuning()["int4_one_token_dot"] == "vpmaddwd"
+        for k, group, zero_point in ((4096, 128, False), (768, 32, True), (320, 64, True)):
+            w, scale, zero, w64 = _weights(24, k, group, zero_point, seed=k)
+            rng = np.random.default_rng(k)
+            x32 = (rng.standard_normal(k) * 2.0 ** rng.uniform(-12, 4, k)).astype(np.float32)
+            for dtype in ("bfloat16", "float16"):
+                y, x64 = _run_one_token(w, scale, zero, x32, dtype)
+                model, terms, moved = _model(w64, scale, zero, group, x64)
+                bound = (k / 32 + k / group + 16) * 2.0 ** -24 * terms
+                assert np.all(np.abs(y - model) <= bound + UNIT_ROUNDOFF[dtype] * (np.abs(model) + bound)), (k, dtype)
+                assert np.all(np.abs(model - w64 @ x64) <= 2.0 ** -15 * moved), (k, group, dtype)
+        # one block: x[0] = 16 (its weight 0), the rest 3 * 2^-13, below half of the block's unit 2^-10
+        w, scale, zero, w64 = _weights(8, 256, 32, True, seed=3)
+        x32 = np.zeros(256, np.float32)
+        x32[:32] = 3 * 2.0 ** -13
+        x32[0] = 16.0
+        for dtype in ("bfloat16", "float16"):
+            w_zero = w64.copy()
+            w_zero[:, 0] = 0.0
+            packed = pack_int4(np.round(w_zero / np.repeat(scale, 32, 1) + np.repeat(zero, 32, 1)).astype(np.uint8))
+            y, x64 = _run_one_token(packed, scale, zero, x32, dtype)
+            model, terms, moved = _model(w_zero, scale, zero, 32, x64)
+            assert np.all(np.abs(model) <= 1e-12) and np.all(np.abs(w_zero @ x64) > 1e-6)  # rounded away
+            assert np.all(np.abs(y) <= (8 + 8 + 16) * 2.0 ** -24 * terms), dtype
+            assert np.all(np.abs(model - w_zero @ x64) <= 2.0 ** -15 * moved), dtype

@@ -34,6 +34,7 @@ TOOLS = {  # tool: (what runs it, the fields its JSON has beside machine and dat
     "bench_mlp": ("ms-swiglu bench", ("peaks_gflops", "results")),
     "bench_quant": ("python -m ms_swiglu.tools.bench_quant", ("speed",)),
     "bench_moe": ("python -m ms_swiglu.tools.bench_moe", ("backend", "results")),
+    "bench_moe_quant": ("python -m ms_swiglu.tools.bench_moe_quant", ("shape", "layers", "results")),
     "bench_convert": ("python -m ms_swiglu.tools.bench_convert", ("args", "results")),
     "bench_ep": ("python -m ms_swiglu.tools.bench_ep", ("ranks", "results")),
 }
@@ -292,6 +293,16 @@ def moe_tables(data):
     return tables
 
 
+def moe_quant_tables(data):
+    """bench_moe_quant: per T and format, the chain's min and median, against the first format (at the medians and
+    paired by round) and the weight bytes a call reads per second."""
+    base = data["args"]["quant"][0]
+    return [table([("T", True, False), ("experts", False, False), ("min ms", True, False), ("median ms", True, False),
+                   (f"vs {base}", True, False), ("paired (p10-p90)", True, True), ("weights GB/s", True, False)],
+                  [[r["tokens"], r["quant"], _ms(r["min_ms"]), _ms(r["median_ms"]), _x(r[f"speedup_vs_{base}"]),
+                    _paired(r["paired"]), f"{r['weights_gbps']:.1f}"] for r in data["results"]])]
+
+
 def convert_tables(data):
     """bench_convert: per number of experts and output, the peak resident memory of convert on an FP8 checkpoint,
     against the float32 bytes of one expert and of the checkpoint."""
@@ -333,7 +344,7 @@ def ep_tables(data):
 
 
 TABLES = {"bench_mlp": mlp_tables, "bench_quant": quant_tables, "bench_moe": moe_tables,
-          "bench_convert": convert_tables, "bench_ep": ep_tables}
+          "bench_moe_quant": moe_quant_tables, "bench_convert": convert_tables, "bench_ep": ep_tables}
 
 
 def settings(tool, data):
@@ -349,6 +360,8 @@ def settings(tool, data):
     a = data.get("args", {})
     if tool == "bench_convert":
         return f"--hidden {a['hidden']} --inter {a['inter']} --experts {a['experts']} --layers {a['layers']}"
+    if tool == "bench_moe_quant":
+        return f"--shape {data['shape']} --layers {data['layers']} --rounds {a.get('rounds')}"
     if tool == "bench_ep":
         return (f"--ranks {data['ranks']} --rounds {a.get('rounds')} ({data['dtype']}; the ranks share the host's "
                 f"cores; rows per rank under random router weights; bytes at the dtype, ring collectives)")

@@ -93,6 +93,7 @@ struct SplitX {
   std::vector<int16_t> parts;
   double unit = 0.0;
   std::vector<float> scale;
+  std::vector<float> block_sums;  // int4 on AVX2: each block's sum of the rounded x (exact in float32)
   std::vector<int32_t> res_idx;
   std::vector<double> res_val;
 };
@@ -131,8 +132,9 @@ struct WeightTraits {
   Skinny<float> skinny;
   // the same for bfloat16 x on VDPBF16PS (AVX512-BF16); int8 per group: k / groups a power of two, 32 or more
   Skinny<bf16> skinny_bf16;
-  // one token of 16-bit x on an integer dot product (int8 per row): x split for it (false: `skinny` takes it),
-  // then y [m]; `dot` names the instruction ("vpdpwssd" on AVX512-VNNI, exact; "vpmaddwd" on AVX2, x rounded)
+  // one token of 16-bit x on an integer dot product (int8 per row; int4 on AVX2): x split for it (false: `skinny`
+  // or `skinny_q4` takes it), then y [m]; `dot` names the instruction ("vpdpwssd" on AVX512-VNNI, exact;
+  // "vpmaddwd" on AVX2, x rounded)
   bool (*split_x)(const float *x, int64_t k, SplitX &out);
   void (*skinny_parts)(const SplitX &x, int64_t k, const void *w, int64_t m, float *y);
   const char *dot;
@@ -150,6 +152,9 @@ struct WeightTraits {
                             float *y, int64_t ldy, const float *scale, const uint8_t *zero, int64_t groups);
   SkinnyQ4<float> skinny_q4;
   SkinnyQ4<bf16> skinny_bf16_q4;
+  // one token on split_x's parts
+  void (*skinny_parts_q4)(const SplitX &x, int64_t k, const void *w, int64_t m, float *y, const float *scale,
+                          const uint8_t *zero, int64_t groups);
   void (*prep_q4)(const float *x, int64_t n, int64_t k, int64_t groups, float *xp, float *sums);
   void (*prep_bf16_q4)(const bf16 *x, int64_t n, int64_t k, int64_t groups, bf16 *xp, float *sums);
   void (*widen_q4[kDtypes])(const void *src, void *dst, int64_t rows, int64_t k, const float *scale,

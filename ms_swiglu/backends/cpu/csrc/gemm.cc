@@ -56,8 +56,8 @@ struct Op {
   const uint8_t *zero = nullptr;  // int4's zero points [m, groups]; nullptr: 8
   const void *q4x = nullptr;  // int4 at one token: x as its skinny kernel reads it (WeightTraits::prep_q4) and
   const float *q4sums = nullptr;  // each group's sum of x
-  // one token of 16-bit x with int8 weights: x split in int16 parts for the ISA's integer dot (WeightTraits::
-  // split_x), which reads the int8 rows faster than the float32 FMA kernel. Not float32 x: its 24-bit significands
+  // one token of 16-bit x with int8 weights (int4 on AVX2): x split in int16 parts for the ISA's integer dot
+  // (WeightTraits::split_x), which reads the rows faster than the float32 FMA kernel. Not float32 x: its 24-bit significands
   // leave residuals wherever |x| < max |x| / 64 on VPDPWSSD, and would round past float32's own precision on VPMADDWD.
   const SplitX *split = nullptr;
   // the panel path: x transposed, [k][np] (IsaKernels::panel_x)
@@ -122,6 +122,7 @@ struct Op {
     const float *sc = scales(r0);
     const int64_t gs = grouped() ? groups : 1;
     if (bits == 4) {  // (one token on the skinny path: takes_groups)
+      if (split) return wk->skinny_parts_q4(*split, k, w_rows, rows, c, sc, zeros(r0), gs);
       if (bf16_dot())
         return wk->skinny_bf16_q4(static_cast<const bf16 *>(q4x), q4sums, n, k, w_rows, rows, c, ldc, sc, zeros(r0),
                                   gs);
@@ -373,6 +374,7 @@ std::string tuning_json() {
        std::to_string(tiles.rows_int8) + "}";
   const auto quoted = [](const char *name) { return name ? "\"" + std::string(name) + "\"" : std::string("null"); };
   s += ", \"int8_one_token_dot\": " + quoted(isa().weights[kWeightsInt8].dot);
+  s += ", \"int4_one_token_dot\": " + quoted(isa().weights[kWeightsInt4Group].dot);  // (16-bit x)
   // bfloat16 x read as it is by the skinny kernel (int8 rows with group-wise scales: widened times them to bfloat16)
   // W8A8: the integer dot, and the row kernel's tokens (the panel kernel above, where the ISA has one)
   // (null: the kernel at every count above the previous one)

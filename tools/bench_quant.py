@@ -120,11 +120,16 @@ def _bytes(mlps):
 W8A8_CEILINGS = ("fma_float32", "int8_gemm_vpdpbusd", "int16_gemm_vpmaddwd", "int8_gemm_vpmaddubsw")
 
 
-def w8a8_dot_peak():
-    """The peak (tools/probes.py: peaks) of the instructions the cpu backend's W8A8 GEMM runs on this CPU (the
-    tuning table's ``w8a8_dot``): VPDPBUSD with AVX512-VNNI, else VPMADDWD; None for the scalar kernel."""
+def w8a8_dot_peak(n):
+    """The peak (tools/probes.py: peaks) of the instructions the cpu backend's W8A8 GEMM runs on this CPU at ``n``
+    tokens (the tuning table's ``w8a8_dot`` for the row kernel, ``w8a8_panel_dot`` above its tokens): VPDPBUSD with
+    AVX512-VNNI, VPMADDUBSW on AVX2's panel kernel, else VPMADDWD; None for the scalar kernel."""
     from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
-    return {"vpdpbusd": "int8_gemm_vpdpbusd", "vpmaddwd": "int16_gemm_vpmaddwd"}.get(kernels.tuning()["w8a8_dot"])
+    t = kernels.tuning()
+    rows_max = t["w8a8_rows_max_tokens"]
+    dot = t["w8a8_panel_dot"] if rows_max is not None and n > rows_max else t["w8a8_dot"]
+    return {"vpdpbusd": "int8_gemm_vpdpbusd", "vpmaddwd": "int16_gemm_vpmaddwd",
+            "vpmaddubsw": "int8_gemm_vpmaddubsw"}.get(dot)
 
 
 def _int8_activations(quant):
@@ -344,10 +349,10 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
                 s = row[_graph_name(f"{q}/bf16 speedup", sh)] = {
                     "median": stats[base]["median_s"] / stats[other]["median_s"],
                     "min": stats[base]["min_s"] / stats[other]["min_s"], "paired": paired(stats, base, other)}
-                dot_peak = machine_peaks and machine_peaks.get(w8a8_dot_peak())
+                dot_peak = machine_peaks and machine_peaks.get(w8a8_dot_peak(n))
                 if n > 1 and _int8_activations(q) and dot_peak:  # W8A8 above one token: its int8 dots' peak
                     row[other]["fraction_of_int8_dot_peak"] = ops * n / stats[other]["median_s"] / 1e9 / dot_peak
-                    row[other]["int8_dot_peak"] = w8a8_dot_peak()
+                    row[other]["int8_dot_peak"] = w8a8_dot_peak(n)
                 if read and row_peak:
                     # bfloat16's time over int8's at the better of its two ceilings: its conversions at their peak,
                     # its bytes at the read probe's bandwidth or bfloat16's own in these rounds, the higher

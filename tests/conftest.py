@@ -63,8 +63,11 @@ def _kernel_dir(tmp_path_factory):
 
 
 # The kernels' builds (isa.cc), best first: the instruction set each needs, by its name and by the CPU flags
-# (/proc/cpuinfo's names) that isa.cc checks for it.
-ISAS = {"avx512bf16": ("AVX512-BF16", {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}),
+# (/proc/cpuinfo's names) that isa.cc checks for it. avx512amx is avx512bf16's with W8A8's panel kernel on AMX-INT8
+# tiles (and needs Linux to grant the process the tile data).
+ISAS = {"avx512amx": ("AMX-INT8", {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "amx_tile",
+                                   "amx_int8"}),
+        "avx512bf16": ("AVX512-BF16", {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}),
         "avx512": ("AVX-512", {"avx512f", "avx512bw", "avx512vl"}),
         "avx2": ("AVX2", {"avx2", "fma", "f16c"}),
         "generic": ("x86-64", set())}

@@ -238,8 +238,8 @@ def test_int8_one_token_kernels_read_x_as_documented(isa):
         dot = kernels.tuning()["int8_one_token_dot"]
         y = from_bf16_bits(kernels.run(q_op("Linear", q, s), to_bf16_bits(x), q, s, np.zeros((1, m), np.uint16),
                                        dtype="bfloat16"))
-    assert dot == {"avx512bf16": "vpdpwssd", "avx2": "vpmaddwd"}.get(isa)
-    lanes = {"avx512bf16": 16, "avx512": 16, "avx2": 8, "generic": 4}[isa]
+    assert dot == {"avx512amx": "vpdpwssd", "avx512bf16": "vpdpwssd", "avx2": "vpmaddwd"}.get(isa)
+    lanes = {"avx512amx": 16, "avx512bf16": 16, "avx512": 16, "avx2": 8, "generic": 4}[isa]
     want = {"vpdpwssd": 2.0, "vpmaddwd": 0.0, None: 2.0 if lanes == 16 else 1.0}[dot]
     np.testing.assert_array_equal(y, np.full((1, m), want, np.float32), err_msg=f"isa {isa}, int8 dot {dot}")
 

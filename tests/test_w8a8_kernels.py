@@ -202,17 +202,38 @@ def test_w8a8_paths_by_token_count():
     for isa in kernels.isas():
         with on_isa(isa):
             t = kernels.tuning()
-            panel_dot = {"avx512bf16": "vpdpbusd", "avx2": "vpmaddubsw"}.get(isa)
+            panel_dot = {"avx512amx": "tdpbssd", "avx512bf16": "vpdpbusd", "avx2": "vpmaddubsw"}.get(isa)
             assert t["w8a8_panel_dot"] == panel_dot, isa
             if panel_dot is None:
                 assert t["w8a8_rows_max_tokens"] is None
                 assert {kernels.path("bfloat16", n, "w8a8") for n in (1, 64, 512)} == {"skinny"}
                 continue
             limit, panel = t["w8a8_rows_max_tokens"], t["w8a8_panel_max_tokens"]
-            assert (limit > 0) == (isa == "avx512bf16"), isa  # (AVX2 runs its panel kernel from 1 token)
+            assert (limit > 0) == (isa in ("avx512amx", "avx512bf16")), isa  # (AVX2: its panel from 1 token)
             assert kernels.path("bfloat16", limit, "w8a8") == ("skinny" if limit else "panel")
             assert kernels.path("bfloat16", limit + 1, "w8a8") == "panel"
             dnn = vnni and kernels.onednn().startswith("oneDNN")
             assert (panel is not None) == dnn and (t["w8a8_onednn"] is not None) == dnn, isa
             assert kernels.path("float32", panel or 4096, "w8a8") == "panel"
             assert kernels.path("bfloat16", (panel or 4096) + 1, "w8a8") == ("onednn" if dnn else "panel")
+
+
+@pytest.mark.parametrize("tiles", (True, False), ids=("tiles", "model"))
+def test_w8a8_amx_int8_kernel_bit_exact(tiles):
+    """W8A8's AMX-INT8 panel kernel (TDPBSSD: int8 x int8 summed in int32) against NumPy's int64 sums, bit for bit:
+    on the tiles where the CPU has AMX-INT8 (else skipped, naming it), and on the scalar model of the tile
+    instructions (Intel's pseudocode) on any CPU, so its packing and blocking are checked everywhere. k not a
+    multiple of 64 or of 4, rows past a tile (16) and a panel (32), tokens past a group of 16, one token, a static
+    offset; every value at the bottom of int8 over k = 4099 (sums of 6.9e7, a pair's products 2^15 each)."""
+    if tiles and "avx512amx" not in kernels.isas():
+        needs, flags = ISAS["avx512amx"]
+        pytest.skip(f"needs {needs} ({', '.join(sorted(flags))}) with the tile data granted; this CPU runs "
+                    f"{', '.join(kernels.isas())}")
+    rng = np.random.default_rng(3)
+    cases = [(rng.integers(-128, 128, (n, k)), rng.integers(-128, 128, (m, k)), o)
+             for n, k, m in ((1, 64, 16), (17, 67, 20), (40, 300, 33), (3, 3, 7), (33, 1000, 48)) for o in (0, -3)]
+    cases.append((np.full((3, 4099), -128), np.full((5, 4099), -128), 0))
+    for xq, w, o in cases:
+        got = kernels.amx_s8_sums(xq.astype(np.int8), w.astype(np.int8), o, tiles=tiles)
+        want = (xq.astype(np.int64) - o) @ w.astype(np.int64).T
+        assert got.shape == want.shape and np.array_equal(got, want), (xq.shape, w.shape, o)

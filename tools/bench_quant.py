@@ -117,19 +117,22 @@ def _bytes(mlps):
 
 # W8A8's ceilings above one token: the float32 FMAs bfloat16 runs on, then each integer dot a W8A8 GEMM could run on
 # (tools/probes.py: peaks; None where the CPU lacks it)
-W8A8_CEILINGS = ("fma_float32", "int8_gemm_vpdpbusd", "int16_gemm_vpmaddwd", "int8_gemm_vpmaddubsw")
+W8A8_CEILINGS = ("fma_float32", "int8_gemm_vpdpbusd", "int16_gemm_vpmaddwd", "int8_gemm_vpmaddubsw", "amx_int8")
 
 
 def w8a8_dot_peak(n):
     """The peak (tools/probes.py: peaks) of the instructions the cpu backend's W8A8 GEMM runs on this CPU at ``n``
-    tokens (the tuning table's ``w8a8_dot`` for the row kernel, ``w8a8_panel_dot`` above its tokens): VPDPBUSD with
-    AVX512-VNNI, VPMADDUBSW on AVX2's panel kernel, else VPMADDWD; None for the scalar kernel."""
+    tokens (the tuning table's ``w8a8_dot`` for the row kernel, ``w8a8_panel_dot`` above its tokens, oneDNN's
+    implementation above ``w8a8_panel_max_tokens``): VPDPBUSD with AVX512-VNNI, TDPBSSD on AMX-INT8 tiles,
+    VPMADDUBSW on AVX2's panel kernel, else VPMADDWD; None for the scalar kernel."""
     from ms_swiglu.backends.cpu import kernels  # noqa: PLC0415
     t = kernels.tuning()
-    rows_max = t["w8a8_rows_max_tokens"]
+    rows_max, panel_max = t["w8a8_rows_max_tokens"], t["w8a8_panel_max_tokens"]
     dot = t["w8a8_panel_dot"] if rows_max is not None and n > rows_max else t["w8a8_dot"]
+    if panel_max is not None and n > panel_max:  # oneDNN's int8 matmul: its tiles where its name says so
+        dot = "tdpbssd" if "amx" in (t["w8a8_onednn"] or "") else "vpdpbusd"
     return {"vpdpbusd": "int8_gemm_vpdpbusd", "vpmaddwd": "int16_gemm_vpmaddwd",
-            "vpmaddubsw": "int8_gemm_vpmaddubsw"}.get(dot)
+            "vpmaddubsw": "int8_gemm_vpmaddubsw", "tdpbssd": "amx_int8"}.get(dot)
 
 
 def _int8_activations(quant):

@@ -28,7 +28,8 @@ def _lib():
     lib.probe_last_concurrency.argtypes = []
     lib.probe_add.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     for name in ("probe_fma_peak", "probe_dpbf16_peak", "probe_amx_peak", "probe_widen_peak", "probe_vnni_peak",
-                 "probe_madd_peak", "probe_madd_gemm_peak", "probe_dpbusd_peak", "probe_maddubs_gemm_peak"):
+                 "probe_madd_peak", "probe_madd_gemm_peak", "probe_dpbusd_peak", "probe_maddubs_gemm_peak",
+                 "probe_amx_int8_peak"):
         getattr(lib, name).restype = ctypes.c_double
         getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_int64]
     return lib
@@ -126,7 +127,7 @@ def peaks(threads=None, seconds=0.2, names=PEAKS):
     on one thread (:func:`checked_rates`: ProbeError where a thread did not run the whole call or the threads gave
     less than SCALING x threads x the 1-thread rate): ``{"fma_float32": ..., "avx512_bfloat16": ...,
     "amx_bfloat16": ..., "int8_widen": ..., "int8_vpdpwssd": ..., "int8_vpmaddwd": ..., "int16_gemm_vpmaddwd": ...,
-    "int8_gemm_vpdpbusd": ..., "int8_gemm_vpmaddubsw": ...,
+    "int8_gemm_vpdpbusd": ..., "int8_gemm_vpmaddubsw": ..., "amx_int8": ...,
     "threads": threads, "one_thread": {the same on one thread}, "scaling": {all / one thread},
     "concurrency": {...}}`` for the ``names`` asked (None where the CPU lacks the instructions: VDPBF16PS, AMX,
     AVX512-VNNI, AVX2; the FMAs are AVX-512's, else AVX2's). The int8 ones are one token against int8 weights read
@@ -136,7 +137,8 @@ def peaks(threads=None, seconds=0.2, names=PEAKS):
     operands in registers; 2 OP each), the ceiling of an integer-dot GEMM for int8 weights against
     ``fma_float32``'s; ``int8_gemm_vpdpbusd``: a W8A8 GEMM's (VPDPBUSD, 64 multiplies each, 2 OP per multiply);
     ``int8_gemm_vpmaddubsw``: the same on AVX2 without VNNI (VPMADDUBSW, then VPMADDWD by ones and VPADDD: 32
-    multiplies per three instructions), the other ceiling of W8A8 there beside ``int16_gemm_vpmaddwd``."""
+    multiplies per three instructions), the other ceiling of W8A8 there beside ``int16_gemm_vpmaddwd``;
+    ``amx_int8``: TDPBSSD tiles (AMX-INT8), W8A8's ceiling on AMX hosts."""
     threads = threads or len(os.sched_getaffinity(0))
     fma_lanes = 16 if "avx512f" in machine()["flags"] else 8
     loops = {"fma_float32": (_lib().probe_fma_peak, 12 * fma_lanes * 2),
@@ -147,7 +149,8 @@ def peaks(threads=None, seconds=0.2, names=PEAKS):
              "int8_vpmaddwd": (_lib().probe_madd_peak, 6 * 32 * 2),
              "int16_gemm_vpmaddwd": (_lib().probe_madd_gemm_peak, 12 * 16 * 2),
              "int8_gemm_vpdpbusd": (_lib().probe_dpbusd_peak, 12 * 16 * 4 * 2),
-             "int8_gemm_vpmaddubsw": (_lib().probe_maddubs_gemm_peak, 12 * 32 * 2)}
+             "int8_gemm_vpmaddubsw": (_lib().probe_maddubs_gemm_peak, 12 * 32 * 2),
+             "amx_int8": (_lib().probe_amx_int8_peak, 6 * 16 * 16 * 64 * 2)}
     out = {"threads": threads, "one_thread": {}, "scaling": {}, "concurrency": {}}
     for key in names:
         fn, flops_per_iteration = loops[key]

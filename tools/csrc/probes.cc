@@ -267,9 +267,10 @@ __attribute__((target("avx2"))) float maddubs_gemm_loop(int64_t iterations) {
   return float(sink);
 }
 
-// One thread's TDPBF16PS: 6 accumulating tiles (16x16 float32 each) fed by 16x32 bfloat16 A and B tiles already
-// in registers; false where the kernel does not give AMX to this thread.
-__attribute__((target("amx-tile,amx-bf16"))) bool amx_loop(int64_t iterations) {
+// One thread's TDPBF16PS (int8: TDPBSSD): 6 accumulating tiles (16x16 float32 or int32 each) fed by A and B tiles
+// (16 rows x 64 bytes: 32 bfloat16 or 64 int8 of k) already in registers; false where the kernel does not give AMX
+// to this thread.
+__attribute__((target("amx-tile,amx-bf16,amx-int8"))) bool amx_loop(int64_t iterations, bool int8) {
   constexpr long kReqPerm = 0x1023, kXtileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA (Linux)
   if (syscall(SYS_arch_prctl, kReqPerm, kXtileData) != 0) return false;
   alignas(64) unsigned char config[64] = {};
@@ -280,7 +281,7 @@ __attribute__((target("amx-tile,amx-bf16"))) bool amx_loop(int64_t iterations) {
   }
   _tile_loadconfig(config);
   alignas(64) uint16_t data[16 * 32];
-  for (int i = 0; i < 16 * 32; ++i) data[i] = 0x3f80;  // 1.0
+  for (int i = 0; i < 16 * 32; ++i) data[i] = int8 ? 0x0101 : 0x3f80;  // int8 1s or bfloat16 1.0
   _tile_loadd(6, data, 64);
   _tile_loadd(7, data, 64);
   _tile_zero(0);
@@ -289,18 +290,39 @@ __attribute__((target("amx-tile,amx-bf16"))) bool amx_loop(int64_t iterations) {
   _tile_zero(3);
   _tile_zero(4);
   _tile_zero(5);
-  for (int64_t it = 0; it < iterations; ++it) {
-    _tile_dpbf16ps(0, 6, 7);
-    _tile_dpbf16ps(1, 6, 7);
-    _tile_dpbf16ps(2, 6, 7);
-    _tile_dpbf16ps(3, 6, 7);
-    _tile_dpbf16ps(4, 6, 7);
-    _tile_dpbf16ps(5, 6, 7);
+  if (int8) {
+    for (int64_t it = 0; it < iterations; ++it) {
+      _tile_dpbssd(0, 6, 7);
+      _tile_dpbssd(1, 6, 7);
+      _tile_dpbssd(2, 6, 7);
+      _tile_dpbssd(3, 6, 7);
+      _tile_dpbssd(4, 6, 7);
+      _tile_dpbssd(5, 6, 7);
+    }
+  } else {
+    for (int64_t it = 0; it < iterations; ++it) {
+      _tile_dpbf16ps(0, 6, 7);
+      _tile_dpbf16ps(1, 6, 7);
+      _tile_dpbf16ps(2, 6, 7);
+      _tile_dpbf16ps(3, 6, 7);
+      _tile_dpbf16ps(4, 6, 7);
+      _tile_dpbf16ps(5, 6, 7);
+    }
   }
-  alignas(64) float out[16 * 16];
+  alignas(64) int32_t out[16 * 16];
   _tile_stored(0, out, 64);
   _tile_release();
-  return out[0] > 0.0f;
+  return out[0] != 0;
+}
+
+double amx_rate(int threads, int64_t iterations, bool int8) {
+  std::vector<char> oks(threads, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  on_threads(threads, [&](int id) { oks[id] = amx_loop(iterations, int8); });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (char ok : oks)
+    if (!ok) return -1.0;
+  return double(threads) * iterations * 6 * (16 * 16 * (int8 ? 64 : 32) * 2) / s;
 }
 
 }  // namespace
@@ -372,14 +394,12 @@ double probe_dpbf16_peak(int threads, int64_t iterations) {
 // bfloat16 FLOP/s of AMX TDPBF16PS on `threads` threads; -1 where the CPU or the kernel does not give AMX to
 // this process.
 double probe_amx_peak(int threads, int64_t iterations) {
-  if (!__builtin_cpu_supports("amx-bf16")) return -1.0;
-  std::vector<char> oks(threads, 0);
-  const auto t0 = std::chrono::steady_clock::now();
-  on_threads(threads, [&](int id) { oks[id] = amx_loop(iterations); });
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (char ok : oks)
-    if (!ok) return -1.0;
-  return double(threads) * iterations * 6 * (16 * 16 * 32 * 2) / s;
+  return __builtin_cpu_supports("amx-bf16") ? amx_rate(threads, iterations, false) : -1.0;
+}
+
+// The same on TDPBSSD (AMX-INT8: 64 int8 multiplies per tile row pair, 2 OP each), the ceiling of W8A8 on AMX.
+double probe_amx_int8_peak(int threads, int64_t iterations) {
+  return __builtin_cpu_supports("amx-int8") ? amx_rate(threads, iterations, true) : -1.0;
 }
 
 // int8 weights at one token, in FLOP/s (2 per weight) on `threads` threads, as the float kernel takes them

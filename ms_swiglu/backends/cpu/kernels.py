@@ -5,7 +5,8 @@ tuning table (which path a token count takes) is read from the library itself.
 
 Diagnostics (documented, for tests and benchmarks; not needed to use the package): :func:`set_isa` forces a lower
 instruction set, :func:`forced_path` forces one GEMM path, :func:`launches` counts the ops' runs, :func:`run`
-calls an op on NumPy arrays as MindSpore would.
+calls an op on NumPy arrays as MindSpore would, :func:`amx_s8_sums` runs W8A8's AMX-INT8 kernel alone (on the
+tiles, or on their scalar model where the CPU has none).
 
 ``MS_SWIGLU_ONEDNN=/path/to/libdnnl.so.3`` binds another oneDNN than MindSpore's; one outside the versions the
 package's headers describe is refused with a warning, and the GEMMs then run on the package's own kernels.
@@ -49,6 +50,9 @@ def _lib():
     lib.msw_path.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int, ctypes.c_char_p]
     lib.msw_launches.argtypes = [ctypes.c_char_p]
     lib.msw_launches.restype = ctypes.c_int64
+    p = ctypes.c_void_p
+    lib.msw_amx_s8_sums.argtypes = [ctypes.c_int, p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, p,
+                                    ctypes.c_int64, p]
     return lib
 
 
@@ -169,9 +173,23 @@ def launches():
     return {name: _lib().msw_launches(name.encode()) for name in ops()}
 
 
+def amx_s8_sums(xq, w, offset=0, tiles=True):
+    """int32 [n, m] = (xq - offset) @ w.T for int8 xq [n, k] and w [m, k], by W8A8's AMX-INT8 panel kernel (TDPBSSD
+    tiles; ``tiles=False``: the same kernel on a scalar model of the tile instructions, which any CPU runs). Raises
+    where ``tiles`` and the CPU has no AMX-INT8 (or Linux gave the process no tile data)."""
+    xq, w = np.ascontiguousarray(xq, np.int8), np.ascontiguousarray(w, np.int8)
+    (n, k), m = xq.shape, w.shape[0]
+    if w.shape[1] != k:
+        raise ValueError(f"amx_s8_sums: expected w [m, {k}], got {list(w.shape)}")
+    acc = np.zeros((m, (n + 15) // 16 * 16), np.int32)
+    if _lib().msw_amx_s8_sums(int(tiles), xq.ctypes.data, n, k, int(offset), w.ctypes.data, m, acc.ctypes.data):
+        raise RuntimeError("amx_s8_sums: expected a CPU with AMX-INT8 tiles granted to the process, found none")
+    return acc[:, :n].T.copy()
+
+
 def isa():
-    """The instruction set the kernels use: 'avx512bf16' (AVX-512 with AVX512-BF16), 'avx512', 'avx2' or
-    'generic'."""
+    """The instruction set the kernels use: 'avx512amx' (avx512bf16's, W8A8 on AMX-INT8 tiles), 'avx512bf16'
+    (AVX-512 with AVX512-BF16), 'avx512', 'avx2' or 'generic'."""
     return _lib().msw_isa().decode()
 
 

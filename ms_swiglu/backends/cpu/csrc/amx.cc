@@ -23,10 +23,10 @@ constexpr int64_t kTok = 16, kK = 32;  // tokens per B tile, k per tile step
 constexpr int64_t kPanelSteps = kTuning.amx_panel_steps;  // k steps per packed panel of 32 weight rows
 constexpr int64_t kBlockRows = kTuning.amx_block_rows;    // rows whose panels share one chunk of the B tiles
 
-bool request_tiles() {  // (every CPU with AMX-BF16 has AVX512-FP16, which the int8 widening uses)
-  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("avx512fp16")) return false;
-  constexpr long kReqPerm = 0x1023, kXtileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA (Linux >= 5.16)
-  return syscall(SYS_arch_prctl, kReqPerm, kXtileData) == 0;
+bool request_tiles() {  // (Linux >= 5.16 grants the tile data on request)
+  constexpr long kReqPerm = 0x1023, kXtileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+  static const bool granted = __builtin_cpu_supports("amx-tile") && syscall(SYS_arch_prctl, kReqPerm, kXtileData) == 0;
+  return granted;
 }
 
 struct alignas(64) Config {
@@ -40,9 +40,25 @@ struct alignas(64) Config {
 
 }  // namespace
 
-bool available() {
-  static const bool ok = request_tiles();
+bool available() {  // (every CPU with AMX-BF16 has AVX512-FP16, which the int8 widening uses)
+  static const bool ok = __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("avx512fp16") && request_tiles();
   return ok;
+}
+
+bool available_s8() {  // (its row kernel is AVX512-VNNI's: every CPU with AMX-INT8 has it)
+  static const bool ok = __builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("avx512vnni") && request_tiles();
+  return ok;
+}
+
+int32_t pack_panel_s8(const int8_t *xq, int64_t n, int64_t k, int32_t o, std::vector<char> &buf, int64_t &np) {
+  np = (n + kTok - 1) / kTok * kTok;
+  const int64_t kp = (k + 63) / 64 * 64;
+  buf.assign(np * kp, 0);
+  for (int64_t t = 0; t < n; ++t) {  // token t of group g: byte e of quad q at g * 16 kp + q * 64 + (t % 16) * 4 + e
+    char *g = buf.data() + t / kTok * kTok * kp + t % kTok * 4;
+    for (int64_t i = 0; i < k; ++i) g[i / 4 * 64 + i % 4] = char(xq[t * k + i]);
+  }
+  return o;  // the tiles sum xq . w: the offset's o * sum(w) is taken off after
 }
 
 bool takes(int64_t k, int64_t m) { return k > 0 && k % kK == 0 && m % 16 == 0; }
@@ -64,8 +80,48 @@ void to_vnni(const uint16_t *x, int64_t n, int64_t k, uint16_t *xv, int64_t p0, 
   }
 }
 
+namespace {
+
+// The tile instructions as Intel's pseudocode defines them, on plain arrays: the AMX-INT8 kernel's arithmetic on any
+// CPU (tests compare it with the tiles where the CPU has them, and with NumPy everywhere).
+struct ModelTiles {
+  static inline thread_local int8_t tile[8][16 * 64];
+  static void config() {}
+  static void release() {}
+  template <int I>
+  static void zero() { std::memset(tile[I], 0, sizeof tile[I]); }
+  template <int I>
+  static void load(const void *p, int64_t stride) {
+    for (int r = 0; r < 16; ++r) std::memcpy(tile[I] + r * 64, static_cast<const char *>(p) + r * stride, 64);
+  }
+  template <int I>
+  static void store(void *p, int64_t stride) {
+    for (int r = 0; r < 16; ++r) std::memcpy(static_cast<char *>(p) + r * stride, tile[I] + r * 64, 64);
+  }
+  template <int C, int A, int B>
+  static void dp() {
+    int32_t c[16][16];
+    std::memcpy(c, tile[C], sizeof c);
+    for (int r = 0; r < 16; ++r)
+      for (int t = 0; t < 16; ++t)
+        for (int q = 0; q < 16; ++q)
+          for (int e = 0; e < 4; ++e) c[r][t] += int32_t(tile[A][r * 64 + 4 * q + e]) * tile[B][q * 64 + 4 * t + e];
+    std::memcpy(tile[C], c, sizeof c);
+  }
+};
+
+namespace model {
+#include "amx_s8.inc"
+}  // namespace model
+
+}  // namespace
+
+void i8_panel_model(const void *xp, int64_t np, int64_t k, const int8_t *w, int64_t m, int32_t *acc, int32_t c) {
+  model::s8_rows<ModelTiles>(xp, np, k, w, m, acc, c);
+}
+
 #pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16,avx512fp16")
+#pragma GCC target("amx-tile,amx-bf16,amx-int8,avx512f,avx512bw,avx512bf16,avx512fp16")
 namespace {
 
 // int8 weights go onto the tiles as q + kQ8Offset, in [1, 256]: every such integer has at most 8 significant
@@ -257,7 +313,49 @@ void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, fl
   _tile_release();
 }
 
+// (GCC's tile intrinsics take the tile's number as a literal: each index the kernel uses is spelled out)
+#define MSW_TILE_CASE(op, ...) \
+  if constexpr (I == 0) op(0 __VA_ARGS__); \
+  else if constexpr (I == 1) op(1 __VA_ARGS__); \
+  else if constexpr (I == 2) op(2 __VA_ARGS__); \
+  else if constexpr (I == 3) op(3 __VA_ARGS__); \
+  else if constexpr (I == 4) op(4 __VA_ARGS__); \
+  else if constexpr (I == 5) op(5 __VA_ARGS__); \
+  else if constexpr (I == 6) op(6 __VA_ARGS__); \
+  else op(7 __VA_ARGS__);
+
+struct AmxTiles {
+  static void config() {
+    static const Config config;
+    _tile_loadconfig(&config);
+  }
+  static void release() { _tile_release(); }
+  template <int I>
+  static void zero() { MSW_TILE_CASE(_tile_zero) }
+  template <int I>
+  static void load(const void *p, int64_t stride) { MSW_TILE_CASE(_tile_loadd, , p, stride) }
+  template <int I>
+  static void store(void *p, int64_t stride) { MSW_TILE_CASE(_tile_stored, , p, stride) }
+  template <int C, int A, int B>
+  static void dp() {  // the products the kernel forms (amx_s8.inc)
+    if constexpr (C == 0 && A == 4 && B == 6) _tile_dpbssd(0, 4, 6);
+    else if constexpr (C == 1 && A == 4 && B == 7) _tile_dpbssd(1, 4, 7);
+    else if constexpr (C == 2 && A == 5 && B == 6) _tile_dpbssd(2, 5, 6);
+    else if constexpr (C == 3 && A == 5 && B == 7) _tile_dpbssd(3, 5, 7);
+    else static_assert(C < 0, "a product amx_s8.inc does not form");
+  }
+};
+#undef MSW_TILE_CASE
+
+namespace hw {
+#include "amx_s8.inc"
+}  // namespace hw
+
 }  // namespace
+
+void i8_panel(const void *xp, int64_t np, int64_t k, const int8_t *w, int64_t m, int32_t *acc, int32_t c) {
+  hw::s8_rows<AmxTiles>(xp, np, k, w, m, acc, c);
+}
 
 void rows(const uint16_t *xv, int64_t n, int64_t k, const uint16_t *w, int64_t m, float *c, int64_t ldc) {
   rows_of(xv, n, k, w, m, c, ldc, nullptr);

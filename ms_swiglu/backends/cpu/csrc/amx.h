@@ -39,4 +39,13 @@ void rows(const uint16_t *xv, int64_t n, int64_t k, const int8_t *w, int64_t m, 
 // xsum[t] for tokens [t0, t1) of x [n, k] bfloat16 (k % 32 == 0), which rows() with int8 weights needs.
 void q8_sums(const uint16_t *x, int64_t n, int64_t k, float *xsum, int64_t t0, int64_t t1);
 
+// W8A8 on AMX-INT8 (TDPBSSD: int8 x int8 summed in int32, exactly): WeightTraits' pack_panel and i8_panel for the
+// avx512amx row (isa.cc). x as B tiles: per group of 16 tokens [k / 4][16][4] bytes, k padded to 64 by zeros, np:
+// n padded to 16; returns c = o, and acc[j * np + t] = xq[t] . w[j] - c * sum_k w[j, k] = (xq[t] - o) . w[j].
+bool available_s8();  // the CPU has AMX-INT8 and Linux gave this process the tile data
+int32_t pack_panel_s8(const int8_t *xq, int64_t n, int64_t k, int32_t o, std::vector<char> &buf, int64_t &np);
+void i8_panel(const void *xp, int64_t np, int64_t k, const int8_t *w, int64_t m, int32_t *acc, int32_t c);
+// the same sums from a scalar model of the tiles, on any CPU
+void i8_panel_model(const void *xp, int64_t np, int64_t k, const int8_t *w, int64_t m, int32_t *acc, int32_t c);
+
 }  // namespace msw::amx

@@ -1,6 +1,7 @@
 // The vector kernels, compiled for AVX-512 with and without AVX512-BF16 (with AVX512-VNNI, which every CPU with
 // AVX512-BF16 has), AVX2 and a generic x86-64 baseline in one .so; the ISA is chosen at run time (the best this
-// CPU has), so the .so loads on any x86-64.
+// CPU has), so the .so loads on any x86-64. AMX-INT8 hosts run the AVX512-BF16 row with W8A8's panel kernel on
+// the tiles (amx.cc).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "common.h"
 #include "tuning.h"
 
@@ -86,16 +88,28 @@ namespace generic {
 }  // namespace generic
 
 namespace {
+constexpr IsaKernels amx_kernels() {
+  IsaKernels k = avx512bf16::kernels("avx512amx");
+  WeightTraits &w8 = k.weights[kWeightsW8A8];
+  w8.pack_panel = amx::pack_panel_s8;
+  w8.i8_panel = amx::i8_panel;
+  w8.i8_panel_dot = "tdpbssd";
+  return k;
+}
+
 constexpr IsaKernels kIsas[] = {  // best first
-    avx512bf16::kernels("avx512bf16"), avx512::kernels("avx512"), avx2::kernels("avx2"), generic::kernels("generic")};
+    amx_kernels(), avx512bf16::kernels("avx512bf16"), avx512::kernels("avx512"), avx2::kernels("avx2"),
+    generic::kernels("generic")};
 
 int best_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl"))
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni") ? 0 : 1;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return 2;
-  return 3;
+      __builtin_cpu_supports("avx512vl")) {
+    if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512vnni")) return 2;
+    return amx::available_s8() ? 0 : 1;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return 3;
+  return 4;
 }
 
 const int kBestIsa = best_isa();

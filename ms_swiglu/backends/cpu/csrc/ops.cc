@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "amx.h"
 #include "common.h"
 #include "gemm.h"
 #include "moe.h"
@@ -203,6 +204,17 @@ const char *msw_format_name(int i) { return i >= 0 && i < msw::kFormats ? msw::k
 int64_t msw_launches(const char *op) {
   const int i = op_index(op);
   return i < 0 ? -1 : g_launches[i].load();
+}
+// W8A8's AMX-INT8 panel kernel alone: acc [m][n padded to 16] = (xq - o) . w on the tiles (tiles != 0; -1 where
+// the CPU has none) or on their scalar model (any CPU)
+int msw_amx_s8_sums(int tiles, const int8_t *xq, int64_t n, int64_t k, int32_t o, const int8_t *w, int64_t m,
+                    int32_t *acc) {
+  if (tiles && !msw::amx::available_s8()) return -1;
+  std::vector<char> xp;
+  int64_t np = 0;
+  const int32_t c = msw::amx::pack_panel_s8(xq, n, k, o, xp, np);
+  (tiles ? msw::amx::i8_panel : msw::amx::i8_panel_model)(xp.data(), np, k, w, m, acc, c);
+  return 0;
 }
 
 // ---- the ops ------------------------------------------------------------------------------------------------

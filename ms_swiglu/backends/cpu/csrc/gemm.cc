@@ -144,12 +144,15 @@ struct Op {
     rescale(r0, rows, c, ldc);
   }
   // stream() over int8 rows with group-wise scales: dequantized to dtype d a few rows at a time into a buffer of the
-  // calling thread (in L2, half a page from the x the kernel reads), each piece streamed as weights of dtype d
+  // calling thread (in L2, half a page from the x the kernel reads), each piece streamed as weights of dtype d; the
+  // amx path takes the call's rows at once where the tokens' tiles outgrow L2 (its blocks share them: amx.cc)
   void stream_grouped(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
     Op f = *this;
     f.scale = nullptr, f.zero = nullptr, f.bits = 8;
     f.wk = &ik->weights[d];
-    const int64_t piece = std::max<int64_t>(16, kTuning.dequant_bytes / (k * es()) / 16 * 16);  // (amx: m % 16 == 0)
+    const int64_t piece = path == kAmx && n * k * es() > kTuning.amx_dequant_x_bytes
+                              ? rows
+                              : std::max<int64_t>(16, kTuning.dequant_bytes / (k * es()) / 16 * 16);  // (amx: 16s)
     thread_local std::vector<char> buf;  // grown once per calling thread
     buf.resize(std::max(buf.size(), size_t(piece * k * es() + 4096)));
     char *to = buf.data() + half_page_from(f.bf16_dot() ? x : static_cast<const void *>(xf), buf.data());
@@ -366,6 +369,7 @@ std::string tuning_json() {
   // 16-bit weights oneDNN takes only widened to float32
   s += by_dtype("onednn_float32_for", [](int d) { return json(widened(d)); });
   s += ", \"amx_available\": " + json(amx::available());
+  s += ", \"amx_dequant_x_bytes\": " + std::to_string(kTuning.amx_dequant_x_bytes);
   s += ", \"block_rows\": " + std::to_string(kTuning.onednn_block_rows);
   const SkinnyTiles &tiles = *isa().tiles;
   s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(tiles.rows_16bit_1) +

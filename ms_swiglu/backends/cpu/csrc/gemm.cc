@@ -373,7 +373,8 @@ std::string tuning_json() {
   s += ", \"block_rows\": " + std::to_string(kTuning.onednn_block_rows);
   const SkinnyTiles &tiles = *isa().tiles;
   s += ", \"skinny_tile_rows\": {\"16bit_1_token\": " + std::to_string(tiles.rows_16bit_1) +
-       ", \"int8_1_token\": " + std::to_string(tiles.rows_int8_1) + ", \"1_2_tokens\": " +
+       ", \"int8_1_token\": " + std::to_string(tiles.rows_int8_1) + ", \"int4_1_token\": " +
+       std::to_string(tiles.rows_int4_1) + ", \"1_2_tokens\": " +
        std::to_string(tiles.rows_1_2) + ", \"other\": " + std::to_string(tiles.rows) + ", \"int8_other\": " +
        std::to_string(tiles.rows_int8) + "}";
   const auto quoted = [](const char *name) { return name ? "\"" + std::string(name) + "\"" : std::string("null"); };

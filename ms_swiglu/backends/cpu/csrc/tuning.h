@@ -20,6 +20,7 @@ struct Tokens {
 struct SkinnyTiles {
   int rows_16bit_1;  // float16/bfloat16 weights, 1 token
   int rows_int8_1;   // int8 weights, 1 token
+  int rows_int4_1;   // int4 weights, 1 token
   int rows_1_2;      // 1-2 tokens
   int rows;          // otherwise
   int rows_int8;     // otherwise, int8 weights with float32 x (widened in registers)
@@ -119,10 +120,11 @@ constexpr Tuning kTuning = {
     .w8a8_rows_max = 5,
     .w8a8_panel_max = 32,
     .w8a8_block_rows = 96,
-    // 16-bit at one token +10% with 12 rows over 8; 8 int8 read streams per thread are the read probe's best
-    .tiles_32_registers = {12, 8, 8, 4, 4},
+    // 16-bit at one token +10% with 12 rows over 8; 8 int8 read streams per thread are the read probe's best; int4
+    // on VDPBF16PS spills at 8 rows: 4 ran 1.09-1.10x (3 cold llama-7b layers, Xeon)
+    .tiles_32_registers = {12, 8, 4, 8, 4, 4},
     // the 32-register tiles spill: one token 1.13-1.21x with 6 bfloat16 rows than 12, 1.12-1.17x with 4 int8 than 8
-    .tiles_16_registers = {6, 4, 4, 4, 2},
+    .tiles_16_registers = {6, 4, 4, 4, 4, 2},
     // 4 rows x 6 tokens = 24 accumulators: 4 loads of w and 6 of x feed 24 FMAs
     .tile_tokens = 6,
     // 1.09-1.16x faster at one token than without; 256 and 768 no better

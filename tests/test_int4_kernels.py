@@ -77,19 +77,22 @@ def test_int4_rows_against_numpy_on_every_isa(isa, dtype):
                     assert_close(_out(h, dtype), ref_swiglu(z), dtype, f"GateUpSwiglu {what}")
 
 
-def test_int4_rows_on_the_amx_path_with_x_beyond_l2():
-    """bfloat16 x of more bytes than the tuning table's amx_dequant_x_bytes (L2): the amx path dequantizes every
-    row of a call at once, not a piece at a time; 1100 tokens x k = 1024 (2.2 MB), 300 rows (a call of 256 and a
-    ragged one), groups of 64 with zero points, against the rows rounded once to bfloat16 and the GEMM in float64."""
+def test_int4_rows_on_the_amx_path_packed_into_the_tiles():
+    """Above one tile of tokens the amx path packs int4 rows into its tiles as bfloat16((u - z) * scale), rounded to
+    nearest even as the dequantized rows are: 1100 tokens x k = 1024 (x beyond the tuning table's
+    amx_dequant_x_bytes), 300 rows (a call of 256 and a ragged one), groups of 64 with zero points and groups of 32
+    without, against the rows rounded once to bfloat16 and the GEMM in float64."""
     needs_amx()
     n, k, m = 1100, 1024, 300
     assert n * k * 2 > kernels.tuning()["amx_dequant_x_bytes"]
-    w, scale, zero, w64 = _weights(m, k, 64, True, seed=4)
     x, x64 = _x(n, k, "bfloat16", seed=4)
-    with kernels.forced_path("amx"):
-        y = kernels.run("QLinear_int4_group_zp", x, w, scale, zero, np.zeros((n, m), np.uint16), dtype="bfloat16")
-        z = x64 @ _as_read(w64, "bfloat16", n).T
-    assert_close(_out(y, "bfloat16"), z, "bfloat16", "QLinear_int4_group_zp on the amx path, x beyond L2")
+    for group, zero_point in ((64, True), (32, False)):
+        w, scale, zero, w64 = _weights(m, k, group, zero_point, seed=group)
+        parts, zp = ((w, scale, zero), "_zp") if zero_point else ((w, scale), "")
+        with kernels.forced_path("amx"):
+            y = kernels.run(f"QLinear_int4_group{zp}", x, *parts, np.zeros((n, m), np.uint16), dtype="bfloat16")
+            z = x64 @ _as_read(w64, "bfloat16", n).T
+        assert_close(_out(y, "bfloat16"), z, "bfloat16", f"QLinear_int4_group{zp} g={group} on the amx path")
 
 
 def test_no_token_and_bad_parts_are_refused_by_status():

@@ -266,6 +266,70 @@ void one_group_q8(const uint16_t *xv, int64_t nt, int64_t k, const int8_t *w, fl
   for (int r = 0; r < RB; ++r) store_block(t[r], nt, c + 16 * r, ldc, xsum);
 }
 
+// Blocks of kBlockRows weight rows; per block, k in chunks of kPanelSteps steps: the tokens' B tiles of one chunk
+// stay in L2 while every 32-row panel of the block passes over them (packed, in L1) with every pair of token
+// groups. The accumulators wait in acc between chunks. pack(row, k0, steps, a): `steps` x 32 k of weight row `row`
+// from k0 into a (row stride kK), as bfloat16. The tiles are configured; released here.
+template <typename Pack>
+void many_groups(const uint16_t *xv, int64_t n, int64_t k, int64_t m, float *c, int64_t ldc, const float *xsum,
+                 const Pack &pack) {
+  const int64_t groups = (n + kTok - 1) / kTok;
+  const int64_t pairs = (groups + 1) / 2, panel_floats = pairs * 4 * 256;  // [pair][row block][group][16 x 16]
+  TileVector<float> acc((std::min(kBlockRows, m) + 31) / 32 * panel_floats);
+  alignas(64) uint16_t a[kPanelSteps * 1024];
+  for (int64_t j0 = 0; j0 < m; j0 += kBlockRows) {
+    const int64_t j1 = std::min(m, j0 + kBlockRows);
+    for (int64_t k0 = 0; k0 < k; k0 += kPanelSteps * kK) {
+      const int64_t steps = std::min(kPanelSteps, (k - k0) / kK);
+      for (int64_t j = j0; j < j1; j += 32) {
+        const bool two = j + 32 <= j1;
+        for (int r = 0; r < (two ? 32 : 16); ++r) pack(j + r, k0, steps, a + r * kK);
+        float *pa = acc.data() + (j - j0) / 32 * panel_floats;
+        if (two)
+          panel_groups<2>(a, steps, xv + k0 * kTok, k, groups, pa, k0 == 0);
+        else
+          panel_groups<1>(a, steps, xv + k0 * kTok, k, groups, pa, k0 == 0);
+      }
+    }
+    for (int64_t j = j0; j < j1; j += 32)
+      for (int64_t g = 0; g < groups; ++g)
+        for (int r = 0; r < (j + 32 <= j1 ? 2 : 1); ++r)
+          store_block(acc.data() + (j - j0) / 32 * panel_floats + (g / 2 * 4 + r * 2 + g % 2) * 256,
+                      std::min(kTok, n - g * kTok), c + g * kTok * ldc + j + 16 * r, ldc,
+                      xsum ? xsum + g * kTok : nullptr);
+  }
+  _tile_release();
+}
+
+// bfloat16 of each float32 lane in the low half of its uint32, to nearest even (NaN stays a quiet NaN): the
+// rounding of the library's other bfloat16 stores (isa_swiglu.inc), so packed int4 rows equal dequantized ones.
+inline __m512i bf16_lanes(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+
+// One int4 row's `steps` x 32 k from k0 into the panel as bfloat16((u - z) * scale), the values the dequantized
+// path (isa_linear.inc: widen_q4) gives, formed as they are packed: no pass of their own. A step of 32 inputs is
+// 16 bytes, inside one group (a group is 32 or more inputs: gemm.cc). The next chunk's bytes are prefetched.
+inline void pack_row_q4(const uint8_t *w, const float *scale, const uint8_t *zero, int64_t g, int64_t k0,
+                        int64_t steps, uint16_t *a) {
+  for (int64_t s = 0; s < steps; s += 4)
+    _mm_prefetch(reinterpret_cast<const char *>(w + (k0 + (kPanelSteps + s) * kK) / 2), _MM_HINT_T0);
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t i = k0 + s * kK, c = i / g;
+    const __m512 sv = _mm512_set1_ps(scale[c]), zv = _mm512_set1_ps(zero ? float(zero[c]) : 8.0f);
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(w + i / 2)));
+    const __m512 lo = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))),
+                                                  zv), sv);
+    const __m512 hi = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), zv), sv);
+    // byte b holds inputs 2b (low nibble) and 2b + 1: one uint32 lane of the two bfloat16, in input order
+    _mm512_store_si512(a + s * 1024, _mm512_or_si512(bf16_lanes(lo), _mm512_slli_epi32(bf16_lanes(hi), 16)));
+  }
+}
+
 template <typename W>
 void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, float *c, int64_t ldc,
              const float *xsum) {
@@ -283,34 +347,9 @@ void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, fl
     _tile_release();
     return;
   }
-  // Blocks of kBlockRows weight rows; per block, k in chunks of kPanelSteps steps: the tokens' B tiles of one
-  // chunk stay in L2 while every 32-row panel of the block passes over them (packed, in L1) with every pair of
-  // token groups. The accumulators wait in acc between chunks.
-  const int64_t pairs = (groups + 1) / 2, panel_floats = pairs * 4 * 256;  // [pair][row block][group][16 x 16]
-  TileVector<float> acc((std::min(kBlockRows, m) + 31) / 32 * panel_floats);
-  alignas(64) uint16_t a[kPanelSteps * 1024];
-  for (int64_t j0 = 0; j0 < m; j0 += kBlockRows) {
-    const int64_t j1 = std::min(m, j0 + kBlockRows);
-    for (int64_t k0 = 0; k0 < k; k0 += kPanelSteps * kK) {
-      const int64_t steps = std::min(kPanelSteps, (k - k0) / kK);
-      for (int64_t j = j0; j < j1; j += 32) {
-        const bool two = j + 32 <= j1;
-        for (int r = 0; r < (two ? 32 : 16); ++r) pack_row(w + (j + r) * k + k0, steps, a + r * kK);
-        float *pa = acc.data() + (j - j0) / 32 * panel_floats;
-        if (two)
-          panel_groups<2>(a, steps, xv + k0 * kTok, k, groups, pa, k0 == 0);
-        else
-          panel_groups<1>(a, steps, xv + k0 * kTok, k, groups, pa, k0 == 0);
-      }
-    }
-    for (int64_t j = j0; j < j1; j += 32)
-      for (int64_t g = 0; g < groups; ++g)
-        for (int r = 0; r < (j + 32 <= j1 ? 2 : 1); ++r)
-          store_block(acc.data() + (j - j0) / 32 * panel_floats + (g / 2 * 4 + r * 2 + g % 2) * 256,
-                      std::min(kTok, n - g * kTok), c + g * kTok * ldc + j + 16 * r, ldc,
-                      xsum ? xsum + g * kTok : nullptr);
-  }
-  _tile_release();
+  many_groups(xv, n, k, m, c, ldc, xsum, [&](int64_t row, int64_t k0, int64_t steps, uint16_t *a) {
+    pack_row(w + row * k + k0, steps, a);
+  });
 }
 
 // (GCC's tile intrinsics take the tile's number as a literal: each index the kernel uses is spelled out)
@@ -363,6 +402,16 @@ void rows(const uint16_t *xv, int64_t n, int64_t k, const uint16_t *w, int64_t m
 void rows(const uint16_t *xv, int64_t n, int64_t k, const int8_t *w, int64_t m, float *c, int64_t ldc,
           const float *xsum) {
   rows_of(xv, n, k, w, m, c, ldc, xsum);
+}
+
+void rows_q4(const uint16_t *xv, int64_t n, int64_t k, const uint8_t *w, int64_t m, float *c, int64_t ldc,
+             const float *scale, const uint8_t *zero, int64_t groups) {
+  static const Config config;
+  _tile_loadconfig(&config);
+  const int64_t g = k / groups, h = k / 2;
+  many_groups(xv, n, k, m, c, ldc, nullptr, [&](int64_t row, int64_t k0, int64_t steps, uint16_t *a) {
+    pack_row_q4(w + row * h, scale + row * groups, zero ? zero + row * groups : nullptr, g, k0, steps, a);
+  });
 }
 
 void q8_sums(const uint16_t *x, int64_t n, int64_t k, float *xsum, int64_t t0, int64_t t1) {

@@ -36,6 +36,10 @@ void rows(const uint16_t *xv, int64_t n, int64_t k, const uint16_t *w, int64_t m
 // xsum[t] = sum_k x[t, k] from q8_sums.
 void rows(const uint16_t *xv, int64_t n, int64_t k, const int8_t *w, int64_t m, float *c, int64_t ldc,
           const float *xsum);
+// The same with int4 rows [m, k / 2] (scale, zero [m, groups]; zero nullptr: 8), more than 16 tokens, groups of 32
+// or more: each weight packed as bfloat16((u - z) * scale), rounded to nearest even, as the dequantized rows hold it.
+void rows_q4(const uint16_t *xv, int64_t n, int64_t k, const uint8_t *w, int64_t m, float *c, int64_t ldc,
+             const float *scale, const uint8_t *zero, int64_t groups);
 // xsum[t] for tokens [t0, t1) of x [n, k] bfloat16 (k % 32 == 0), which rows() with int8 weights needs.
 void q8_sums(const uint16_t *x, int64_t n, int64_t k, float *xsum, int64_t t0, int64_t t1);
 

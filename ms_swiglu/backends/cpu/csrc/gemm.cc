@@ -117,6 +117,9 @@ struct Op {
   // scales go into the skinny and panel kernels (each group's sum, or each weight, times its scale), which read
   // the int8 rows once; elsewhere the rows are dequantized first (stream_grouped).
   void stream(const void *w, int64_t r0, int64_t rows, float *c, int64_t ldc) const {
+    if (path == kAmx && bits == 4 && n > 16 && (k / groups) % 32 == 0)  // int4 into the tiles as they are packed
+      return amx::rows_q4(xv, n, k, reinterpret_cast<const uint8_t *>(row(w, r0)), rows, c, ldc, scales(r0), zeros(r0),
+                          groups);
     if (grouped() && !takes_groups()) return stream_grouped(w, r0, rows, c, ldc);
     const void *w_rows = row(w, r0);
     const float *sc = scales(r0);

@@ -107,8 +107,9 @@ constexpr Tuning kTuning = {
     .dequant_bytes = 256 << 10,
     // the panels of a call share the tokens' tiles (amx.cc)
     .amx_call_rows = 256,
-    // (group-wise int8 / int4 rows) L2: x's tiles beyond it pass once per call, not once per piece: llama-7b gate/up
-    // 1.30-1.45x at 512 tokens, down (k 11008) 1.19-1.92x at 128-512; at every count 0.82-0.92x where x fits L2
+    // (group-wise int8 rows; int4 goes into the tiles as they are packed) L2: x's tiles beyond it pass once per call,
+    // not once per piece: llama-7b gate/up 1.30-1.45x at 512 tokens, down (k 11008) 1.19-1.92x at 128-512 (int8-g128
+    // and int4, before int4 was packed directly); at every count 0.82-0.92x where x fits L2
     .amx_dequant_x_bytes = 2 << 20,
     // waking the pool costs more than the pass
     .serial_elements = 1 << 15,

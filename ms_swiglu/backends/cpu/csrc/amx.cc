@@ -269,7 +269,7 @@ void one_group_q8(const uint16_t *xv, int64_t nt, int64_t k, const int8_t *w, fl
 // Blocks of kBlockRows weight rows; per block, k in chunks of kPanelSteps steps: the tokens' B tiles of one chunk
 // stay in L2 while every 32-row panel of the block passes over them (packed, in L1) with every pair of token
 // groups. The accumulators wait in acc between chunks. pack(row, k0, steps, a): `steps` x 32 k of weight row `row`
-// from k0 into a (row stride kK), as bfloat16. The tiles are configured; released here.
+// from k0 into a (row stride kK), as bfloat16. The caller configures the tiles; this releases them.
 template <typename Pack>
 void many_groups(const uint16_t *xv, int64_t n, int64_t k, int64_t m, float *c, int64_t ldc, const float *xsum,
                  const Pack &pack) {

@@ -352,10 +352,11 @@ def speed(hidden, inter, tokens, layers, rounds, settle=SETTLE_S, quants=("int8"
                 s = row[_graph_name(f"{q}/bf16 speedup", sh)] = {
                     "median": stats[base]["median_s"] / stats[other]["median_s"],
                     "min": stats[base]["min_s"] / stats[other]["min_s"], "paired": paired(stats, base, other)}
-                dot_peak = machine_peaks and machine_peaks.get(w8a8_dot_peak(n))
+                dot_name = w8a8_dot_peak(n)
+                dot_peak = machine_peaks and machine_peaks.get(dot_name)
                 if n > 1 and _int8_activations(q) and dot_peak:  # W8A8 above one token: its int8 dots' peak
                     row[other]["fraction_of_int8_dot_peak"] = ops * n / stats[other]["median_s"] / 1e9 / dot_peak
-                    row[other]["int8_dot_peak"] = w8a8_dot_peak(n)
+                    row[other]["int8_dot_peak"] = dot_name
                 if read and row_peak:
                     # bfloat16's time over int8's at the better of its two ceilings: its conversions at their peak,
                     # its bytes at the read probe's bandwidth or bfloat16's own in these rounds, the higher

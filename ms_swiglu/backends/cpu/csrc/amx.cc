@@ -124,6 +124,11 @@ void i8_panel_model(const void *xp, int64_t np, int64_t k, const int8_t *w, int6
 #pragma GCC target("amx-tile,amx-bf16,amx-int8,avx512f,avx512bw,avx512bf16,avx512fp16")
 namespace {
 
+void load_config() {  // every tile 16 x 64 bytes, as each kernel here uses them
+  static const Config config;
+  _tile_loadconfig(&config);
+}
+
 // int8 weights go onto the tiles as q + kQ8Offset, in [1, 256]: every such integer has at most 8 significant
 // bits, so it is exact in bfloat16, and the widening is one int16 -> float16 conversion and an exponent shift;
 // the sums drop kQ8Offset * sum_k x[t, k] when they leave the tiles (q8_sums).
@@ -333,8 +338,7 @@ inline void pack_row_q4(const uint8_t *w, const float *scale, const uint8_t *zer
 template <typename W>
 void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, float *c, int64_t ldc,
              const float *xsum) {
-  static const Config config;
-  _tile_loadconfig(&config);
+  load_config();
   const int64_t groups = (n + kTok - 1) / kTok;
   if (groups == 1) {  // few tokens: bound by the weight read, one row block at a time
     if constexpr (std::is_same_v<W, uint16_t>) {  // read in place
@@ -364,10 +368,7 @@ void rows_of(const uint16_t *xv, int64_t n, int64_t k, const W *w, int64_t m, fl
   else op(7 __VA_ARGS__);
 
 struct AmxTiles {
-  static void config() {
-    static const Config config;
-    _tile_loadconfig(&config);
-  }
+  static void config() { load_config(); }
   static void release() { _tile_release(); }
   template <int I>
   static void zero() { MSW_TILE_CASE(_tile_zero) }
@@ -406,8 +407,7 @@ void rows(const uint16_t *xv, int64_t n, int64_t k, const int8_t *w, int64_t m, 
 
 void rows_q4(const uint16_t *xv, int64_t n, int64_t k, const uint8_t *w, int64_t m, float *c, int64_t ldc,
              const float *scale, const uint8_t *zero, int64_t groups) {
-  static const Config config;
-  _tile_loadconfig(&config);
+  load_config();
   const int64_t g = k / groups, h = k / 2;
   many_groups(xv, n, k, m, c, ldc, nullptr, [&](int64_t row, int64_t k0, int64_t steps, uint16_t *a) {
     pack_row_q4(w + row * h, scale + row * groups, zero ? zero + row * groups : nullptr, g, k0, steps, a);

@@ -155,7 +155,7 @@ struct Op {
     f.wk = &ik->weights[d];
     const int64_t piece = path == kAmx && n * k * es() > kTuning.amx_dequant_x_bytes
                               ? rows
-                              : std::max<int64_t>(16, kTuning.dequant_bytes / (k * es()) / 16 * 16);  // (amx: 16s)
+                              : std::max<int64_t>(16, kTuning.dequant_bytes / (k * es()) / 16 * 16);  // amx: m % 16
     thread_local std::vector<char> buf;  // grown once per calling thread
     buf.resize(std::max(buf.size(), size_t(piece * k * es() + 4096)));
     char *to = buf.data() + half_page_from(f.bf16_dot() ? x : static_cast<const void *>(xf), buf.data());
